@@ -1,0 +1,90 @@
+// Perplexity exactly as llama.cpp's llama-perplexity computes it, so kvstack's figures and
+// llama.cpp's compare one to one: windows of ctx tokens, BOS first, the second half scored,
+// and the standard error of the mean negative log-likelihood carried through exp().
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_format.h"
+#include "kvstack/engine.h"
+
+namespace kvstack {
+namespace {
+
+// -log softmax(logits)[target], in double for a stable sum over tens of thousands of tokens.
+double NegativeLogLikelihood(std::span<const float> logits, TokenId target) {
+  const float max_logit = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l) - max_logit);
+  return std::log(sum) - (static_cast<double>(logits[target]) - max_logit);
+}
+
+}  // namespace
+
+absl::StatusOr<PerplexityResult> Perplexity(Engine& engine, std::span<const TokenId> tokens,
+                                            const PerplexityOptions& options,
+                                            const std::function<void(int, int)>& progress) {
+  if (options.ctx < 4) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("perplexity: --ctx must be >= 4, got %d", options.ctx));
+  }
+  if (options.batch < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("perplexity: --batch must be >= 1, got %d", options.batch));
+  }
+  const int num_windows = static_cast<int>(tokens.size() / options.ctx);
+  if (num_windows == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("perplexity: the text has %d tokens, fewer than one window of --ctx %d",
+                        tokens.size(), options.ctx));
+  }
+  const int ctx = options.ctx;
+  const int batch = options.batch == 0 ? ctx : options.batch;
+  const int first = ctx / 2;
+  const int vocab = engine.model().hparams().vocab_size;
+  const TokenId bos = engine.model().tokenizer().bos_id();
+
+  double nll_sum = 0;
+  double nll2_sum = 0;
+  int64_t count = 0;
+  std::vector<TokenId> window(ctx);
+  std::vector<float> logits;
+  std::vector<float> batch_logits;
+  for (int w = 0; w < num_windows; ++w) {
+    std::copy_n(tokens.begin() + static_cast<size_t>(w) * ctx, ctx, window.begin());
+    window[0] = bos;
+    KVS_ASSIGN_OR_RETURN(SeqId seq_id, engine.NewSequence());
+    logits.resize(static_cast<size_t>(ctx) * vocab);
+    for (int b = 0; b < ctx; b += batch) {
+      const int n = std::min(batch, ctx - b);
+      const absl::Status status = engine.Forward(
+          seq_id, std::span<const TokenId>(window).subspan(b, n), true, &batch_logits);
+      if (!status.ok()) {
+        engine.FreeSequence(seq_id).IgnoreError();
+        return status;
+      }
+      std::copy(batch_logits.begin(), batch_logits.end(),
+                logits.begin() + static_cast<size_t>(b) * vocab);
+    }
+    KVS_RETURN_IF_ERROR(engine.FreeSequence(seq_id));
+    for (int j = first; j < ctx - 1; ++j) {
+      const double nll = NegativeLogLikelihood(
+          std::span<const float>(logits).subspan(static_cast<size_t>(j) * vocab, vocab),
+          window[j + 1]);
+      nll_sum += nll;
+      nll2_sum += nll * nll;
+      ++count;
+    }
+    if (progress) progress(w + 1, num_windows);
+  }
+  PerplexityResult result;
+  result.num_windows = num_windows;
+  result.tokens_scored = count;
+  result.mean_nll = nll_sum / count;
+  result.ppl = std::exp(result.mean_nll);
+  const double variance = nll2_sum / count - result.mean_nll * result.mean_nll;
+  result.ppl_stderr =
+      variance > 0 && count > 1 ? std::sqrt(variance / (count - 1)) * result.ppl : 0.0;
+  return result;
+}
+
+}  // namespace kvstack
