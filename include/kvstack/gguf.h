@@ -20,8 +20,19 @@ namespace kvstack {
 
 // Metadata value types, as numbered in the GGUF specification.
 enum class GgufValueType : uint32_t {
-  kUint8 = 0, kInt8 = 1, kUint16 = 2, kInt16 = 3, kUint32 = 4, kInt32 = 5, kFloat32 = 6,
-  kBool = 7, kString = 8, kArray = 9, kUint64 = 10, kInt64 = 11, kFloat64 = 12,
+  kUint8 = 0,
+  kInt8 = 1,
+  kUint16 = 2,
+  kInt16 = 3,
+  kUint32 = 4,
+  kInt32 = 5,
+  kFloat32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kUint64 = 10,
+  kInt64 = 11,
+  kFloat64 = 12,
 };
 
 // Tensor element types, as numbered by ggml. Only those kvstack can read are named; the
@@ -40,7 +51,7 @@ struct GgufTensorInfo {
   std::string name;
   std::vector<int64_t> dims;  // ggml order: dims[0] is the innermost (row length)
   GgmlType type = GgmlType::kF32;
-  uint64_t offset = 0;        // relative to the start of the tensor data section
+  uint64_t offset = 0;  // relative to the start of the tensor data section
   uint64_t num_elements = 0;
   uint64_t num_bytes = 0;
 };
@@ -60,8 +71,8 @@ class GgufFile {
   const GgufValue* Find(std::string_view key) const;
 
   // Typed getters: NotFound if the key is missing, InvalidArgument if its type does not fit.
-  absl::StatusOr<int64_t> GetInt(std::string_view key) const;      // any integer type
-  absl::StatusOr<double> GetFloat(std::string_view key) const;     // float or integer types
+  absl::StatusOr<int64_t> GetInt(std::string_view key) const;   // any integer type
+  absl::StatusOr<double> GetFloat(std::string_view key) const;  // float or integer types
   absl::StatusOr<std::string> GetString(std::string_view key) const;
   absl::StatusOr<std::vector<std::string>> GetStringArray(std::string_view key) const;
   absl::StatusOr<std::vector<float>> GetFloatArray(std::string_view key) const;

@@ -33,9 +33,9 @@ struct KvCacheOptions {
 struct AppendPlan {
   SeqId seq_id = -1;
   int num_new_tokens = 0;
-  int blocks_needed = 0;     // new blocks the commit will allocate
-  int tokens_dropped = 0;    // ring only: oldest tokens the commit overwrites
-  bool fits = false;         // false: not enough free blocks / ring too short for one call
+  int blocks_needed = 0;   // new blocks the commit will allocate
+  int tokens_dropped = 0;  // ring only: oldest tokens the commit overwrites
+  bool fits = false;       // false: not enough free blocks / ring too short for one call
 };
 
 class KvCache {

@@ -22,10 +22,10 @@ enum class RopeStyle : uint8_t {
 
 struct LlamaHparams {
   int num_layers = 0;
-  int dim = 0;            // embedding width
+  int dim = 0;  // embedding width
   int num_heads = 0;
-  int num_kv_heads = 0;   // < num_heads: grouped-query attention
-  int head_dim = 0;       // dim / num_heads
+  int num_kv_heads = 0;  // < num_heads: grouped-query attention
+  int head_dim = 0;      // dim / num_heads
   int ffn_dim = 0;
   int vocab_size = 0;
   int context_length = 0;  // from the file (may exceed what the model was trained on)
@@ -71,7 +71,7 @@ class LlamaModel {
   const std::string& path() const { return path_; }
 
   const WeightMatrix& token_embedding() const { return token_embedding_; }  // [vocab, dim]
-  std::span<const float> output_norm() const { return output_norm_; }      // [dim]
+  std::span<const float> output_norm() const { return output_norm_; }       // [dim]
   // [vocab, dim]; the token embedding itself when the model ties them.
   const WeightMatrix& output() const { return output_; }
   const LlamaLayerWeights& layer(int layer_idx) const { return layers_[layer_idx]; }

@@ -36,7 +36,7 @@ inline uint16_t F32ToF16(float f) {
     return sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u);
   }
   if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: overflow to Inf
-  if (abs < 0x38800000u) {                       // below the smallest normal half: subnormal
+  if (abs < 0x38800000u) {                        // below the smallest normal half: subnormal
     const float v = std::bit_cast<float>(abs);
     // Scale so that one half-subnormal ulp (2^-24) is 1.0, round to nearest even.
     const float scaled = v * 0x1p24f;

@@ -9,8 +9,8 @@
 #define KVS_STATUS_CONCAT(a, b) KVS_STATUS_CONCAT_INNER(a, b)
 
 // Returns from the enclosing function if `expr` (an absl::Status) is not OK.
-#define KVS_RETURN_IF_ERROR(expr)                \
-  do {                                           \
+#define KVS_RETURN_IF_ERROR(expr)                                                 \
+  do {                                                                            \
     if (absl::Status kvs_status_ = (expr); !kvs_status_.ok()) return kvs_status_; \
   } while (0)
 

@@ -10,8 +10,8 @@
 namespace kvstack {
 
 struct AttentionParams {
-  int num_heads = 0;     // query heads; a multiple of view.num_kv_heads
-  float scale = 0.0f;    // usually 1/sqrt(head_dim)
+  int num_heads = 0;   // query heads; a multiple of view.num_kv_heads
+  float scale = 0.0f;  // usually 1/sqrt(head_dim)
 };
 
 // The queries are the last num_queries logical tokens of the view (their own keys and values

@@ -1,12 +1,46 @@
 // kvstack: the command-line tool. Each sub-command lives in its own file and registers itself
-// here; a failing command prints one line "kvstack: <message>" and exits non-zero.
+// here; a failing command prints one line "kvstack: <message>" and exits 1. CLI11's own
+// usage errors exit 2 (106 for --help style exits is CLI11's convention; we normalise).
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
+#include "command.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"kvstack: a KV-cache engine for LLM inference"};
+  CLI::App app{"kvstack: a KV-cache engine for LLM inference, with a CPU Llama engine"};
   app.require_subcommand(1);
-  CLI11_PARSE(app, argc, argv);
-  return 0;
+  struct Entry {
+    CLI::App* sub;
+    kvstack::cli::RunFn run;
+  };
+  std::vector<Entry> entries;
+  auto add = [&](kvstack::cli::RunFn (*reg)(CLI::App&)) {
+    const size_t before = app.get_subcommands({}).size();
+    kvstack::cli::RunFn run = reg(app);
+    entries.push_back({app.get_subcommands({})[before], std::move(run)});
+  };
+  add(kvstack::cli::RegisterGenerate);
+  add(kvstack::cli::RegisterPerplexity);
+  add(kvstack::cli::RegisterInspect);
+  add(kvstack::cli::RegisterMakeModel);
+  add(kvstack::cli::RegisterBench);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::fprintf(stderr, "kvstack: %s\n", e.what());
+    return 2;
+  }
+  for (const Entry& entry : entries) {
+    if (!entry.sub->parsed()) continue;
+    const absl::Status status = entry.run();
+    if (!status.ok()) {
+      std::fprintf(stderr, "kvstack: %s\n", std::string(status.message()).c_str());
+      return 1;
+    }
+    return 0;
+  }
+  return 2;
 }

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs every test: the Release suite, the same suite under
+# AddressSanitizer + UndefinedBehaviorSanitizer, and a bounded libFuzzer run of the GGUF
+# reader. Exits non-zero on the first failure. FUZZ_SECONDS (default 60) bounds the fuzzing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+jobs=$(nproc)
+
+echo "== format check" >&2
+files=$(git ls-files '*.cc' '*.h')
+if ! clang-format --dry-run --Werror $files 2>/dev/null; then
+  echo "clang-format: these files are not formatted (run clang-format -i):" >&2
+  clang-format --dry-run $files 2>&1 | grep -o '^[^:]*\.\(cc\|h\)' | sort -u >&2
+  exit 1
+fi
+
+echo "== release build and tests" >&2
+bash scripts/build.sh build/release
+ctest --test-dir build/release --output-on-failure -j"$jobs"
+
+echo "== address+undefined sanitizer build and tests" >&2
+bash scripts/build.sh build/asan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DKVS_SANITIZE=address,undefined -DKVS_BUILD_BENCH=OFF
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir build/asan --output-on-failure -j"$jobs"
+
+echo "== fuzzing the GGUF reader for ${FUZZ_SECONDS:-60} s" >&2
+bash scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
+echo "all tests passed" >&2

@@ -1,0 +1,162 @@
+// The kvstack CLI as a user runs it: real binary, real model, real files. Checks outputs,
+// JSON shapes and that bad input gets one clear line and a non-zero exit, never a crash.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+const std::string kShared = KVS_SHARED_DIR;
+const std::string kModel = kShared + "/models/stories260K.gguf";
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+CommandResult RunCli(const std::string& args) {
+  const std::string dir = testing::TempDir();
+  const std::string out = dir + "/cli_out.txt";
+  const std::string err = dir + "/cli_err.txt";
+  const std::string cmd =
+      std::string(KVS_CLI_PATH) + " " + args + " >" + out + " 2>" + err + " </dev/null";
+  const int status = std::system(cmd.c_str());
+  CommandResult result;
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  result.out = Slurp(out);
+  result.err = Slurp(err);
+  return result;
+}
+
+int Lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+TEST(Cli, GenerateGreedyPrintsReferenceTextAndJsonStats) {
+  const CommandResult r =
+      RunCli("generate --model " + kModel + " --prompt 'Once upon a time' -n 48 --temp 0 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out,
+            "Once upon a time, there was a little girl named Lily. She loved to play outside in "
+            "the park. One day, she saw a big, red ball. She wanted to play with it,\n");
+  const auto stats = nlohmann::json::parse(r.err);
+  EXPECT_GT(stats["prefill_tokens_per_s"].get<double>(), 0);
+  EXPECT_GT(stats["decode_tokens_per_s"].get<double>(), 0);
+  // 53 tokens (BOS + 4 + 48) x 5 layers x 4 kv heads x 8 dims x 2 (K, V) x 2 bytes, rounded
+  // up to whole blocks of 16: 4 blocks = 64 tokens x 640 B.
+  EXPECT_EQ(stats["kv_bytes"].get<size_t>(), 64u * 640u);
+  EXPECT_EQ(stats["kv_bytes_per_token"].get<size_t>(), 640u);
+  EXPECT_EQ(stats["config"]["layout"], "paged");
+  EXPECT_EQ(stats["config"]["k_codec"], "f16");
+}
+
+TEST(Cli, GenerateWithPromptFileTomlConfigAndSampling) {
+  const std::string dir = testing::TempDir();
+  std::ofstream(dir + "/prompt.txt") << "The cat";
+  std::ofstream(dir + "/kv.toml") << "[kv]\nlayout = \"ring\"\ncapacity = 40\nk_codec = \"bf16\"\n";
+  const CommandResult r = RunCli("generate -m " + kModel + " --prompt-file " + dir +
+                                 "/prompt.txt -n 60 --temp 0.8 --top-k 40 --top-p 0.9 --seed 3 "
+                                 "--kv-config " +
+                                 dir + "/kv.toml --v-codec f32");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("The cat", 0), 0u) << r.out;
+  EXPECT_GT(r.out.size(), 40u);
+  EXPECT_NE(r.err.find("layout=ring"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("k=bf16"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("v=f32"), std::string::npos) << r.err;
+  // Same seed, same text.
+  const CommandResult again = RunCli("generate -m " + kModel + " --prompt-file " + dir +
+                                     "/prompt.txt -n 60 --temp 0.8 --top-k 40 --top-p 0.9 "
+                                     "--seed 3 --kv-config " +
+                                     dir + "/kv.toml --v-codec f32");
+  EXPECT_EQ(again.out, r.out);
+}
+
+TEST(Cli, PerplexityJson) {
+  // A slice of the real text keeps this quick; the full-file figure is checked in
+  // model_e2e_test.
+  const std::string dir = testing::TempDir();
+  std::ofstream(dir + "/slice.txt")
+      << Slurp(kShared + "/data/tinystories_valid_head256k.txt").substr(0, 20000);
+  const CommandResult r = RunCli("perplexity -m " + kModel + " -f " + dir +
+                                 "/slice.txt --ctx 256 --batch 64 --layout contiguous --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto result = nlohmann::json::parse(r.out);
+  EXPECT_GT(result["ppl"].get<double>(), 2.0);
+  EXPECT_LT(result["ppl"].get<double>(), 8.0);
+  EXPECT_GT(result["ppl_stderr"].get<double>(), 0.0);
+  EXPECT_EQ(result["tokens_scored"].get<int>() % 127, 0);
+  EXPECT_EQ(result["config"]["layout"], "contiguous");
+}
+
+TEST(Cli, InspectShowsMetadataAndTensors) {
+  const CommandResult r = RunCli("inspect " + kModel);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("llama.block_count"), std::string::npos);
+  EXPECT_NE(r.out.find("blk.4.ffn_down.weight"), std::string::npos);
+  EXPECT_NE(r.out.find("8 heads, 4 kv heads, head_dim 8"), std::string::npos) << r.out;
+}
+
+TEST(Cli, MakeModelWritesALoadableModel) {
+  const std::string path = testing::TempDir() + "/tiny.gguf";
+  CommandResult r = RunCli("make-model --out " + path +
+                           " --layers 2 --dim 64 --heads 4 --kv-heads 2 --ffn 128 --vocab 300 "
+                           "--context 256");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = RunCli("generate -m " + path + " -p 'hello' -n 8 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = RunCli("inspect " + path);
+  EXPECT_NE(r.out.find("2 layers, dim 64, 4 heads, 2 kv heads, head_dim 16"), std::string::npos)
+      << r.out;
+}
+
+TEST(Cli, EverySubcommandHasHelp) {
+  for (const char* sub : {"generate", "perplexity", "inspect", "make-model", "bench"}) {
+    const CommandResult r = RunCli(std::string(sub) + " --help");
+    EXPECT_EQ(r.exit_code, 0) << sub;
+    EXPECT_NE(r.out.find("Usage"), std::string::npos) << sub;
+  }
+}
+
+// Bad input: exit code non-zero, exactly one line on stderr naming the problem.
+void ExpectOneLineError(const std::string& args, const std::string& needle) {
+  const CommandResult r = RunCli(args);
+  EXPECT_NE(r.exit_code, 0) << args;
+  EXPECT_LT(r.exit_code, 128) << "crashed: " << args;
+  EXPECT_EQ(Lines(r.err), 1) << args << "\n" << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << args << "\n" << r.err;
+}
+
+TEST(Cli, BadInputGetsOneClearLine) {
+  ExpectOneLineError("generate -m /nonexistent.gguf -p hi", "/nonexistent.gguf");
+  ExpectOneLineError("generate -m " + kModel + " -p hi --k-codec int3", "int3");
+  ExpectOneLineError("generate -m " + kModel + " -p hi --layout spiral", "spiral");
+  ExpectOneLineError("generate -m " + kModel + " -p hi --block-size 0", "block_size");
+  ExpectOneLineError("generate -m " + kModel + " -p hi --temp -1", "temperature");
+  ExpectOneLineError("generate -m " + kModel, "--prompt");
+  ExpectOneLineError("generate -m " + kModel + " -p hi --kv-config /nonexistent.toml",
+                     "/nonexistent.toml");
+  ExpectOneLineError("perplexity -m " + kModel + " -f /nonexistent.txt", "/nonexistent.txt");
+  ExpectOneLineError("perplexity -m " + kModel + " -f " + kModel + " --ctx 2", "--ctx");
+  ExpectOneLineError("inspect " + std::string(KVS_SOURCE_DIR) + "/CMakeLists.txt", "gguf");
+  ExpectOneLineError("frobnicate", "frobnicate");
+}
+
+}  // namespace

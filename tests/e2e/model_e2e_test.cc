@@ -1,0 +1,171 @@
+// End-to-end tests on the real model (../shared/models/stories260K.gguf): greedy generation
+// reproduces the reference continuation, and perplexity on real text matches llama.cpp's
+// figure and is the same through every cache layout.
+#include <fstream>
+#include <sstream>
+
+#include "gtest/gtest.h"
+#include "kvstack/engine.h"
+
+namespace kvstack {
+namespace {
+
+const std::string kShared = KVS_SHARED_DIR;
+const std::string kModelPath = kShared + "/models/stories260K.gguf";
+const std::string kTextPath = kShared + "/data/tinystories_valid_head256k.txt";
+
+const LlamaModel& Model() {
+  static const LlamaModel* model = [] {
+    auto loaded = LlamaModel::Load(kModelPath);
+    KVS_CHECK(loaded.ok());
+    return loaded->release();
+  }();
+  return *model;
+}
+
+std::unique_ptr<Engine> MakeEngine(const KvConfig& kv, int context_tokens, int threads = 2) {
+  EngineOptions options;
+  options.kv = kv;
+  options.context_tokens = context_tokens;
+  options.num_threads = threads;
+  auto engine = Engine::Create(Model(), options);
+  KVS_CHECK(engine.ok());
+  return std::move(engine).value();
+}
+
+std::vector<TokenId> GreedyIds(Engine& engine, std::span<const TokenId> prompt, int n) {
+  std::vector<TokenId> out;
+  GenerateOptions options;
+  options.max_new_tokens = n;
+  options.stop_at_eos = false;
+  auto stats = Generate(engine, prompt, options, [&](TokenId id) { out.push_back(id); });
+  EXPECT_TRUE(stats.ok()) << stats.status();
+  return out;
+}
+
+TEST(ModelE2E, GreedyFromBosMatchesReferenceIds) {
+  const std::vector<TokenId> expected = {403, 407, 261, 378, 432, 383, 286, 261,
+                                         376, 298, 315, 421, 395, 317, 426, 338,
+                                         401, 396, 267, 337, 410, 408, 419, 292};
+  for (LayoutKind layout : {LayoutKind::kContiguous, LayoutKind::kPaged, LayoutKind::kRing}) {
+    KvConfig kv;
+    kv.layout = layout;
+    auto engine = MakeEngine(kv, 32);
+    const TokenId bos = Model().tokenizer().bos_id();
+    EXPECT_EQ(GreedyIds(*engine, std::span<const TokenId>(&bos, 1), 24), expected)
+        << LayoutName(layout);
+  }
+}
+
+TEST(ModelE2E, GreedyContinuationMatchesReferenceText) {
+  const Tokenizer& tokenizer = Model().tokenizer();
+  const std::vector<TokenId> prompt = tokenizer.Encode("Once upon a time", true);
+  ASSERT_EQ(prompt, (std::vector<TokenId>{1, 403, 407, 261, 378}));
+  auto engine = MakeEngine(KvConfig{}, 64);
+  std::vector<TokenId> all = prompt;
+  for (TokenId id : GreedyIds(*engine, prompt, 48)) all.push_back(id);
+  EXPECT_EQ(tokenizer.Decode(all),
+            "Once upon a time, there was a little girl named Lily. She loved to play outside in "
+            "the park. One day, she saw a big, red ball. She wanted to play with it,");
+}
+
+std::vector<TokenId> TextTokens() {
+  std::ifstream in(kTextPath, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return Model().tokenizer().Encode(text.str(), true);
+}
+
+double PerplexityWith(const KvConfig& kv, int ctx) {
+  static const std::vector<TokenId> tokens = TextTokens();
+  auto engine = MakeEngine(kv, ctx);
+  PerplexityOptions options;
+  options.ctx = ctx;
+  auto result = Perplexity(*engine, tokens, options, nullptr);
+  KVS_CHECK(result.ok());
+  EXPECT_EQ(result->tokens_scored, (127607 / ctx) * (ctx - 1 - ctx / 2));
+  return result->ppl;
+}
+
+TEST(ModelE2E, PerplexityAt512MatchesLlamaCppAndIsTheSameInEveryLayout) {
+  // ../shared/reference/README.md: llama.cpp, F16 cache, ctx 512: PPL 4.1311.
+  constexpr double kLlamaCppPpl = 4.1311;
+  KvConfig paged;
+  const double ppl_paged = PerplexityWith(paged, 512);
+  EXPECT_NEAR(ppl_paged, kLlamaCppPpl, 0.005 * kLlamaCppPpl);
+
+  KvConfig contiguous;
+  contiguous.layout = LayoutKind::kContiguous;
+  EXPECT_NEAR(PerplexityWith(contiguous, 512), ppl_paged, 1e-4);
+
+  KvConfig ring;  // holds the whole window
+  ring.layout = LayoutKind::kRing;
+  ring.capacity = 512;
+  EXPECT_NEAR(PerplexityWith(ring, 512), ppl_paged, 1e-4);
+
+  KvConfig small_blocks;
+  small_blocks.block_size = 3;
+  EXPECT_NEAR(PerplexityWith(small_blocks, 512), ppl_paged, 1e-4);
+}
+
+TEST(ModelE2E, F32CacheIsAtLeastAsGoodAsF16AndBf16IsClose) {
+  KvConfig f16;
+  KvConfig f32;
+  f32.k_codec = f32.v_codec = "f32";
+  KvConfig bf16;
+  bf16.k_codec = bf16.v_codec = "bf16";
+  const double p16 = PerplexityWith(f16, 256);
+  const double p32 = PerplexityWith(f32, 256);
+  const double pbf = PerplexityWith(bf16, 256);
+  // ../shared/reference/README.md: llama.cpp ctx 256: 4.1630.
+  EXPECT_NEAR(p32, 4.1630, 0.005 * 4.1630);
+  EXPECT_NEAR(p16, p32, 0.001 * p32);
+  EXPECT_NEAR(pbf, p32, 0.01 * p32);
+}
+
+TEST(ModelE2E, SingleAndMultiThreadedAgree) {
+  auto one = MakeEngine(KvConfig{}, 300, 1);
+  auto two = MakeEngine(KvConfig{}, 300, 2);
+  const std::vector<TokenId> prompt = Model().tokenizer().Encode("Spot saw the shiny car", true);
+  EXPECT_EQ(GreedyIds(*one, prompt, 200), GreedyIds(*two, prompt, 200));
+}
+
+TEST(ModelE2E, ContiguousCacheFullIsAnErrorNotACrash) {
+  KvConfig kv;
+  kv.layout = LayoutKind::kContiguous;
+  kv.capacity = 8;
+  auto engine = MakeEngine(kv, 8);
+  auto seq = engine->NewSequence();
+  ASSERT_TRUE(seq.ok());
+  std::vector<TokenId> tokens(9, 300);
+  std::vector<float> logits;
+  const absl::Status status = engine->Forward(*seq, tokens, false, &logits);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_EQ(engine->Forward(*seq, std::vector<TokenId>{600}, false, &logits).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvstack
+
+namespace kvstack {
+namespace {
+
+TEST(ModelE2E, RingShorterThanTheSequenceMatchesFullCacheUntilItWraps) {
+  KvConfig full;
+  KvConfig ring;
+  ring.layout = LayoutKind::kRing;
+  ring.capacity = 64;
+  auto full_engine = MakeEngine(full, 200);
+  auto ring_engine = MakeEngine(ring, 200);
+  const TokenId bos = Model().tokenizer().bos_id();
+  const std::vector<TokenId> a = GreedyIds(*full_engine, std::span<const TokenId>(&bos, 1), 150);
+  const std::vector<TokenId> b = GreedyIds(*ring_engine, std::span<const TokenId>(&bos, 1), 150);
+  ASSERT_EQ(b.size(), 150u);
+  // Token i is chosen from logits at position i, which see i+1 keys: identical while i < 64.
+  EXPECT_TRUE(std::equal(a.begin(), a.begin() + 64, b.begin()));
+  EXPECT_EQ(ring_engine->cache().bytes_in_use(), 0u);  // freed after generation
+}
+
+}  // namespace
+}  // namespace kvstack

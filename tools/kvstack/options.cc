@@ -1,0 +1,86 @@
+// The cache and engine flags shared by generate, perplexity and bench, so that every cache
+// option is spelled the same way everywhere and maps onto exactly one KvConfig key.
+#include "options.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "absl/strings/str_format.h"
+
+namespace kvstack::cli {
+
+void CacheFlags::Add(CLI::App* app) {
+  app->add_option("--kv-config", config_path_,
+                  "TOML file with the cache configuration (flags override its keys)");
+  layout_opt_ = app->add_option("--layout", layout_, "contiguous | paged | ring (default paged)");
+  block_size_opt_ =
+      app->add_option("--block-size", block_size_, "tokens per block, paged layout (default 16)");
+  k_codec_opt_ =
+      app->add_option("--k-codec", k_codec_, "key storage: f32 | f16 | bf16 (default f16)");
+  v_codec_opt_ =
+      app->add_option("--v-codec", v_codec_, "value storage: f32 | f16 | bf16 (default f16)");
+  capacity_opt_ = app->add_option(
+      "--capacity", capacity_,
+      "token slots per sequence (ring length for ring); 0 = what the run needs (default 0)");
+  max_sequences_opt_ =
+      app->add_option("--max-sequences", max_sequences_, "sequences held at once (default 1)");
+  policy_opt_ = app->add_option("--policy", policy_, "selection policy: full (default full)");
+}
+
+absl::StatusOr<KvConfig> CacheFlags::Resolve() const {
+  KvConfig config;
+  if (!config_path_.empty()) {
+    KVS_ASSIGN_OR_RETURN(config, LoadKvConfigFile(config_path_));
+  }
+  if (layout_opt_->count() > 0) {
+    KVS_ASSIGN_OR_RETURN(config.layout, ParseLayout(layout_));
+  }
+  if (block_size_opt_->count() > 0) config.block_size = block_size_;
+  if (k_codec_opt_->count() > 0) config.k_codec = k_codec_;
+  if (v_codec_opt_->count() > 0) config.v_codec = v_codec_;
+  if (capacity_opt_->count() > 0) config.capacity = capacity_;
+  if (max_sequences_opt_->count() > 0) config.max_sequences = max_sequences_;
+  if (policy_opt_->count() > 0) config.policy = policy_;
+  KVS_RETURN_IF_ERROR(ValidateKvConfig(config));
+  return config;
+}
+
+void EngineFlags::Add(CLI::App* app) {
+  app->add_option("--threads", threads, "kernel threads, 0 = all cores (default 0)");
+  app->add_option("--batch", batch, "tokens per forward pass (default 512)");
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LoadModel(const std::string& path) {
+  if (path.empty()) return absl::InvalidArgumentError("--model is required");
+  return LlamaModel::Load(path);
+}
+
+nlohmann::json KvConfigJson(const KvConfig& config) {
+  return nlohmann::json{{"layout", std::string(LayoutName(config.layout))},
+                        {"block_size", config.block_size},
+                        {"k_codec", config.k_codec},
+                        {"v_codec", config.v_codec},
+                        {"capacity", config.capacity},
+                        {"max_sequences", config.max_sequences},
+                        {"policy", config.policy}};
+}
+
+ProgressBar::ProgressBar(std::string label)
+    : label_(std::move(label)), enabled_(isatty(STDERR_FILENO) == 1) {}
+
+void ProgressBar::Update(int done, int total) {
+  if (!enabled_ || total <= 0) return;
+  constexpr int kWidth = 40;
+  const int filled = static_cast<int>(static_cast<int64_t>(kWidth) * done / total);
+  std::fprintf(stderr, "\r%s [%s%s] %d/%d", label_.c_str(), std::string(filled, '#').c_str(),
+               std::string(kWidth - filled, '.').c_str(), done, total);
+  std::fflush(stderr);
+  drawn_ = true;
+}
+
+ProgressBar::~ProgressBar() {
+  if (drawn_) std::fprintf(stderr, "\n");
+}
+
+}  // namespace kvstack::cli

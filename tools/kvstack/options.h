@@ -1,0 +1,62 @@
+// Flags shared by the sub-commands: every cache option (layout, block size, codecs,
+// capacity, sequences, policy, and a TOML file to start from), engine threads and batch, and
+// the helpers every command needs (loading a model, printing a configuration, a progress bar).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "kvstack/engine.h"
+#include "kvstack/kv_config.h"
+#include "kvstack/model.h"
+#include "nlohmann/json.hpp"
+
+namespace kvstack::cli {
+
+// The cache flags. A TOML file (--kv-config) gives the starting values; each flag given on
+// the command line overrides its key.
+class CacheFlags {
+ public:
+  void Add(CLI::App* app);
+  absl::StatusOr<KvConfig> Resolve() const;
+
+ private:
+  std::string config_path_;
+  std::string layout_, k_codec_, v_codec_, policy_;
+  int block_size_ = 0;
+  int64_t capacity_ = 0;
+  int max_sequences_ = 0;
+  CLI::Option* layout_opt_ = nullptr;
+  CLI::Option* block_size_opt_ = nullptr;
+  CLI::Option* k_codec_opt_ = nullptr;
+  CLI::Option* v_codec_opt_ = nullptr;
+  CLI::Option* capacity_opt_ = nullptr;
+  CLI::Option* max_sequences_opt_ = nullptr;
+  CLI::Option* policy_opt_ = nullptr;
+};
+
+struct EngineFlags {
+  int threads = 0;
+  int batch = 512;
+  void Add(CLI::App* app);
+};
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LoadModel(const std::string& path);
+
+nlohmann::json KvConfigJson(const KvConfig& config);
+
+// A one-line progress bar on stderr, drawn only when stderr is a terminal.
+class ProgressBar {
+ public:
+  explicit ProgressBar(std::string label);
+  void Update(int done, int total);
+  ~ProgressBar();
+
+ private:
+  std::string label_;
+  bool enabled_;
+  bool drawn_ = false;
+};
+
+}  // namespace kvstack::cli

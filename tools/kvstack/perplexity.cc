@@ -1,0 +1,81 @@
+// `kvstack perplexity`: llama.cpp-compatible perplexity of a model on a text file, through
+// the chosen cache design, with a progress bar; --json prints one JSON object.
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_format.h"
+#include "command.h"
+#include "options.h"
+
+namespace kvstack::cli {
+namespace {
+
+struct PerplexityFlags {
+  std::string model;
+  std::string file;
+  int ctx = 512;
+  bool json = false;
+  CacheFlags cache;
+  EngineFlags engine;
+};
+
+absl::Status RunPerplexity(const PerplexityFlags& flags) {
+  KVS_ASSIGN_OR_RETURN(KvConfig kv, flags.cache.Resolve());
+  std::ifstream in(flags.file, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrFormat("cannot open text file '%s'", flags.file));
+  std::stringstream text;
+  text << in.rdbuf();
+  KVS_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LoadModel(flags.model));
+  const std::vector<TokenId> tokens = model->tokenizer().Encode(text.str(), /*add_bos=*/true);
+
+  EngineOptions engine_options;
+  engine_options.kv = kv;
+  engine_options.context_tokens = flags.ctx;
+  engine_options.num_threads = flags.engine.threads;
+  engine_options.max_batch = flags.engine.batch;
+  KVS_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(*model, engine_options));
+
+  PerplexityOptions options;
+  options.ctx = flags.ctx;
+  options.batch = std::min(flags.engine.batch, flags.ctx);
+  PerplexityResult result;
+  {
+    ProgressBar bar("perplexity");
+    KVS_ASSIGN_OR_RETURN(result, Perplexity(*engine, tokens, options,
+                                            [&](int done, int total) { bar.Update(done, total); }));
+  }
+  const KvConfig& resolved = engine->options().kv;
+  if (flags.json) {
+    nlohmann::json out{{"ppl", result.ppl},
+                       {"ppl_stderr", result.ppl_stderr},
+                       {"mean_nll", result.mean_nll},
+                       {"tokens_scored", result.tokens_scored},
+                       {"windows", result.num_windows},
+                       {"ctx", flags.ctx},
+                       {"config", KvConfigJson(resolved)}};
+    std::printf("%s\n", out.dump().c_str());
+  } else {
+    std::printf("PPL = %.4f +/- %.5f  (%lld tokens scored in %d windows of %d; %s)\n", result.ppl,
+                result.ppl_stderr, static_cast<long long>(result.tokens_scored), result.num_windows,
+                flags.ctx, resolved.ToString().c_str());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+RunFn RegisterPerplexity(CLI::App& app) {
+  auto flags = std::make_shared<PerplexityFlags>();
+  CLI::App* sub = app.add_subcommand(
+      "perplexity", "Perplexity on a text file, scored the way llama.cpp's llama-perplexity does");
+  sub->add_option("--model,-m", flags->model, "GGUF model file")->required();
+  sub->add_option("--file,-f", flags->file, "text file")->required();
+  sub->add_option("--ctx,-c", flags->ctx, "window length in tokens (default 512)");
+  sub->add_flag("--json", flags->json, "print the result as one JSON object on stdout");
+  flags->cache.Add(sub);
+  flags->engine.Add(sub);
+  return [flags]() { return RunPerplexity(*flags); };
+}
+
+}  // namespace kvstack::cli
