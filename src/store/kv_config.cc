@@ -1,0 +1,208 @@
+// KvConfig: printing, validation and TOML parsing of the cache configuration. toml++ reports
+// syntax errors by throwing toml::parse_error; that exception is caught right at the
+// toml::parse call and turned into a Status, so nothing else in kvstack ever sees one.
+#include "kvstack/kv_config.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <array>
+#include <fstream>
+#include <limits>
+#include <span>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kvstack/codec.h"
+#include "kvstack/policy.h"
+
+namespace kvstack {
+namespace {
+
+constexpr int kMaxBlockSize = 65536;
+constexpr int kMaxSequences = 4096;
+
+constexpr std::array<std::string_view, 3> kLayoutNames = {"contiguous", "paged", "ring"};
+
+// Every key a config file may set, in the order ToString prints the fields.
+constexpr std::array<std::string_view, 7> kConfigKeys = {
+    "layout", "block_size", "k_codec", "v_codec", "capacity", "max_sequences", "policy"};
+
+// absl::StrCat/StrJoin take absl::string_view, which in Debian's absl build is not
+// std::string_view; names are copied into std::string at that boundary.
+std::string JoinNames(std::span<const std::string_view> names) {
+  return absl::StrJoin(names, ", ",
+                       [](std::string* out, std::string_view name) { out->append(name); });
+}
+
+bool Contains(const std::vector<std::string>& names, std::string_view name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+absl::Status CheckName(std::string_view field, std::string_view value,
+                       const std::vector<std::string>& allowed) {
+  if (Contains(allowed, value)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("kv config: ", std::string(field), " '", std::string(value),
+                   "' is unknown; allowed: ", absl::StrJoin(allowed, ", ")));
+}
+
+absl::Status TypeError(std::string_view key, std::string_view expected) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("kv config: key '", std::string(key), "' must be ", std::string(expected)));
+}
+
+absl::StatusOr<std::string> GetString(std::string_view key, const toml::node& node) {
+  const auto value = node.value<std::string>();
+  if (!node.is_string() || !value) return TypeError(key, "a string");
+  return *value;
+}
+
+absl::StatusOr<int64_t> GetInt(std::string_view key, const toml::node& node) {
+  if (!node.is_integer()) return TypeError(key, "an integer");
+  return *node.value<int64_t>();
+}
+
+// int fields: reject values that would not survive the narrowing, before validation sees a
+// wrapped-around number.
+absl::StatusOr<int> GetInt32(std::string_view key, const toml::node& node) {
+  KVS_ASSIGN_OR_RETURN(const int64_t value, GetInt(key, node));
+  if (value < std::numeric_limits<int>::min() || value > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("kv config: key '", std::string(key),
+                                                   "' = ", value, " does not fit in a 32-bit int"));
+  }
+  return static_cast<int>(value);
+}
+
+absl::Status ApplyKey(std::string_view key, const toml::node& node, KvConfig* config) {
+  if (key == "layout") {
+    KVS_ASSIGN_OR_RETURN(const std::string name, GetString(key, node));
+    KVS_ASSIGN_OR_RETURN(config->layout, ParseLayout(name));
+  } else if (key == "block_size") {
+    KVS_ASSIGN_OR_RETURN(config->block_size, GetInt32(key, node));
+  } else if (key == "k_codec") {
+    KVS_ASSIGN_OR_RETURN(config->k_codec, GetString(key, node));
+  } else if (key == "v_codec") {
+    KVS_ASSIGN_OR_RETURN(config->v_codec, GetString(key, node));
+  } else if (key == "capacity") {
+    KVS_ASSIGN_OR_RETURN(config->capacity, GetInt(key, node));
+  } else if (key == "max_sequences") {
+    KVS_ASSIGN_OR_RETURN(config->max_sequences, GetInt32(key, node));
+  } else if (key == "policy") {
+    KVS_ASSIGN_OR_RETURN(config->policy, GetString(key, node));
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("kv config: unknown key '", std::string(key),
+                                                   "'; allowed: ", JoinNames(kConfigKeys),
+                                                   " (at top level or under [kv])"));
+  }
+  return absl::OkStatus();
+}
+
+// Parses `text`; `source` names it in error messages (a path, or "<string>").
+absl::StatusOr<KvConfig> ParseToml(std::string_view text, std::string_view source) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(source), ":", static_cast<uint64_t>(error.source().begin.line),
+                     ":", static_cast<uint64_t>(error.source().begin.column),
+                     ": TOML syntax error: ", std::string(error.description())));
+  }
+
+  KvConfig config;
+  // Each key may be set once, either at top level or under [kv]: two places disagreeing
+  // silently would be the same trap as a typo.
+  std::vector<std::string> seen;
+  auto apply = [&](std::string_view key, const toml::node& node) -> absl::Status {
+    if (Contains(seen, key)) {
+      return absl::InvalidArgumentError(absl::StrCat("kv config: key '", std::string(key),
+                                                     "' is set both at top level and under [kv]"));
+    }
+    seen.emplace_back(key);
+    return ApplyKey(key, node, &config);
+  };
+  for (const auto& [key, node] : root) {
+    if (key.str() == "kv") {
+      const toml::table* kv = node.as_table();
+      if (kv == nullptr) return TypeError("kv", "a table");
+      for (const auto& [kv_key, kv_node] : *kv) KVS_RETURN_IF_ERROR(apply(kv_key.str(), kv_node));
+    } else {
+      KVS_RETURN_IF_ERROR(apply(key.str(), node));
+    }
+  }
+  KVS_RETURN_IF_ERROR(ValidateKvConfig(config));
+  return config;
+}
+
+}  // namespace
+
+std::string_view LayoutName(LayoutKind layout) {
+  const auto idx = static_cast<size_t>(layout);
+  return idx < kLayoutNames.size() ? kLayoutNames[idx] : "invalid";
+}
+
+absl::StatusOr<LayoutKind> ParseLayout(std::string_view name) {
+  for (size_t idx = 0; idx < kLayoutNames.size(); ++idx) {
+    if (kLayoutNames[idx] == name) return static_cast<LayoutKind>(idx);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown layout '", std::string(name), "'; allowed: ", JoinNames(kLayoutNames)));
+}
+
+std::string KvConfig::ToString() const {
+  return absl::StrCat("layout=", std::string(LayoutName(layout)), " block_size=", block_size,
+                      " k=", k_codec, " v=", v_codec, " capacity=", capacity,
+                      " max_sequences=", max_sequences, " policy=", policy);
+}
+
+absl::Status ValidateKvConfig(const KvConfig& config) {
+  if (static_cast<size_t>(config.layout) >= kLayoutNames.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv config: layout value ", static_cast<int>(config.layout),
+                     " is invalid; allowed: ", JoinNames(kLayoutNames)));
+  }
+  if (config.block_size < 1 || config.block_size > kMaxBlockSize) {
+    return absl::InvalidArgumentError(absl::StrCat("kv config: block_size ", config.block_size,
+                                                   " is out of range; allowed: 1..",
+                                                   kMaxBlockSize));
+  }
+  const std::vector<std::string> codecs = CodecNames();
+  KVS_RETURN_IF_ERROR(CheckName("k_codec", config.k_codec, codecs));
+  KVS_RETURN_IF_ERROR(CheckName("v_codec", config.v_codec, codecs));
+  if (config.capacity < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv config: capacity ", config.capacity,
+                     " is negative; allowed: 0 (resolved by the engine) or a token count"));
+  }
+  if (config.max_sequences < 1 || config.max_sequences > kMaxSequences) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv config: max_sequences ", config.max_sequences,
+                     " is out of range; allowed: 1..", kMaxSequences));
+  }
+  KVS_RETURN_IF_ERROR(CheckName("policy", config.policy, PolicyNames()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<KvConfig> ParseKvConfigToml(std::string_view toml_text) {
+  return ParseToml(toml_text, "<string>");
+}
+
+absl::StatusOr<KvConfig> LoadKvConfigFile(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) return absl::NotFoundError(absl::StrCat("cannot open kv config file '", path, "'"));
+  std::ostringstream text;
+  text << file.rdbuf();
+  if (file.bad())
+    return absl::DataLossError(absl::StrCat("cannot read kv config file '", path, "'"));
+  absl::StatusOr<KvConfig> config = ParseToml(text.str(), path);
+  if (!config.ok() && !absl::StrContains(config.status().message(), path)) {
+    return absl::Status(config.status().code(),
+                        absl::StrCat(path, ": ", config.status().message()));
+  }
+  return config;
+}
+
+}  // namespace kvstack
