@@ -55,9 +55,8 @@ absl::Status TypeError(std::string_view key, std::string_view expected) {
 }
 
 absl::StatusOr<std::string> GetString(std::string_view key, const toml::node& node) {
-  const auto value = node.value<std::string>();
-  if (!node.is_string() || !value) return TypeError(key, "a string");
-  return *value;
+  if (!node.is_string()) return TypeError(key, "a string");
+  return node.as_string()->get();
 }
 
 absl::StatusOr<int64_t> GetInt(std::string_view key, const toml::node& node) {
