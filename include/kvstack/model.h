@@ -32,6 +32,8 @@ struct LlamaHparams {
   int rope_dim = 0;        // dimensions rotated per head (<= head_dim)
   float rope_freq_base = 10000.0f;
   float rms_eps = 1e-5f;
+  // kNormal for architecture "llama", as llama.cpp does. The optional kvstack-specific bool
+  // key "kvstack.rope.neox" = true selects kNeox (used by tests to exercise both styles).
   RopeStyle rope_style = RopeStyle::kNormal;
 };
 
