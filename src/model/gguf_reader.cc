@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "kvstack/check.h"
 #include "kvstack/gguf.h"
+#include "model/q8_0.h"
 
 namespace kvstack {
 namespace {
@@ -30,8 +31,6 @@ constexpr uint64_t kDefaultAlignment = 32;
 // Arrays of arrays are legal; a bound on nesting keeps a hostile file from exhausting the stack.
 constexpr int kMaxArrayDepth = 8;
 constexpr uint32_t kMaxDims = 4;
-constexpr int64_t kQ8_0BlockSize = 32;
-constexpr uint64_t kQ8_0BlockBytes = 34;  // f16 scale + 32 int8
 
 static_assert(std::endian::native == std::endian::little,
               "the GGUF reader assumes a little-endian host");

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "kvstack/check.h"
 #include "kvstack/gguf.h"
+#include "model/q8_0.h"
 
 namespace kvstack {
 namespace {
@@ -102,8 +103,8 @@ uint64_t ExpectedBytes(GgmlType type, const std::vector<int64_t>& dims) {
     case GgmlType::kBF16:
       return n * 2;
     case GgmlType::kQ8_0:
-      KVS_CHECK(dims[0] % 32 == 0);
-      return n / 32 * 34;
+      KVS_CHECK(dims[0] % kQ8_0BlockSize == 0);
+      return n / kQ8_0BlockSize * kQ8_0BlockBytes;
   }
   KVS_CHECK(false);
   return 0;

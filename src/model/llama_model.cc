@@ -12,12 +12,10 @@
 #include "kvstack/check.h"
 #include "kvstack/model.h"
 #include "kvstack/numeric.h"
+#include "model/q8_0.h"
 
 namespace kvstack {
 namespace {
-
-constexpr int64_t kQ8_0BlockSize = 32;
-constexpr size_t kQ8_0BlockBytes = 34;  // f16 scale + 32 int8
 
 absl::Status Prefixed(const std::string& path, const absl::Status& s) {
   return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
@@ -135,16 +133,7 @@ std::vector<float> ToF32(const GgufTensorInfo& info, std::span<const std::byte> 
       }
       break;
     case GgmlType::kQ8_0:
-      // Each block: an f16 scale d, then 32 int8 quants q; element = d * q.
-      for (size_t b = 0; b < out.size() / kQ8_0BlockSize; ++b) {
-        const std::byte* block = src + b * kQ8_0BlockBytes;
-        uint16_t d_bits;
-        std::memcpy(&d_bits, block, 2);
-        const float d = F16ToF32(d_bits);
-        for (int64_t i = 0; i < kQ8_0BlockSize; ++i) {
-          out[b * kQ8_0BlockSize + i] = d * static_cast<float>(static_cast<int8_t>(block[2 + i]));
-        }
-      }
+      DequantizeQ8_0(bytes, out);
       break;
   }
   return out;
