@@ -104,46 +104,121 @@ float* Scratch(size_t num_floats) {
 // ---------------------------------------------------------------------------------------------
 // Decode.
 
-// Scores of one key row against kNumQ query heads: s[j * s_stride] = q_j . k.
-//   q: [kNumQ, head_dim] (already scaled)
-template <int kNumQ, CodecId kK, class D>
-HWY_INLINE void ScoreRow(D d, const std::byte* krow, const float* HWY_RESTRICT q, size_t head_dim,
-                         float* HWY_RESTRICT s, size_t s_stride) {
-  const size_t n = hn::Lanes(d);
-  hn::Vec<D> acc[kNumQ];
-  for (int j = 0; j < kNumQ; ++j) acc[j] = hn::Zero(d);
-  for (size_t i = 0; i < head_dim; i += n) {
-    const auto k = LoadRow<kK>(d, krow, i);
-    for (int j = 0; j < kNumQ; ++j)
-      acc[j] = hn::MulAdd(hn::LoadU(d, q + j * head_dim + i), k, acc[j]);
+// Stores the sum of the 128-bit blocks of v (4 lanes) to out[0, 4).
+// (The one-lane HWY_SCALAR target has no block operations; it never needs them.)
+#if HWY_TARGET != HWY_SCALAR
+template <class D, class V>
+HWY_INLINE void StoreSumOfBlocks(D d, V v, float* HWY_RESTRICT out) {
+  if constexpr (hn::MaxLanes(D()) > 4) {
+    const hn::Half<D> dh;
+    StoreSumOfBlocks(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)), out);
+  } else {
+    hn::StoreU(v, d, out);
   }
-  for (int j = 0; j < kNumQ; ++j) s[j * s_stride] = hn::GetLane(hn::SumOfLanes(d, acc[j]));
+}
+#endif
+
+// out[0..4) = the lane sums of a, b, c, e: four horizontal sums for the price of about one,
+// by transposing pairs of lanes within each 128-bit block.
+template <class D, class V>
+HWY_INLINE void SumOfLanes4(D d, V a, V b, V c, V e, float* HWY_RESTRICT out) {
+  if constexpr (hn::MaxLanes(D()) == 1) {
+    out[0] = hn::GetLane(a);
+    out[1] = hn::GetLane(b);
+    out[2] = hn::GetLane(c);
+    out[3] = hn::GetLane(e);
+  } else {
+#if HWY_TARGET != HWY_SCALAR
+    // Per block: [a0+a2, b0+b2, a1+a3, b1+b3] and the same for c, e.
+    const V ab = hn::Add(hn::InterleaveLower(d, a, b), hn::InterleaveUpper(d, a, b));
+    const V ce = hn::Add(hn::InterleaveLower(d, c, e), hn::InterleaveUpper(d, c, e));
+    const hn::Repartition<uint64_t, D> du64;
+    const auto ab64 = hn::BitCast(du64, ab), ce64 = hn::BitCast(du64, ce);
+    const V lo = hn::BitCast(d, hn::InterleaveLower(du64, ab64, ce64));
+    const V hi = hn::BitCast(d, hn::InterleaveUpper(du64, ab64, ce64));
+    StoreSumOfBlocks(d, hn::Add(lo, hi), out);
+#endif
+  }
 }
 
-// acc_j += p[j * p_stride] * v for kNumQ query heads.
-//   acc: [kNumQ][acc_stride], the first head_dim of each row used
-template <int kNumQ, CodecId kV, class D>
-HWY_INLINE void AccumulateRow(D d, const std::byte* vrow, const float* HWY_RESTRICT p,
-                              size_t p_stride, size_t head_dim, float* HWY_RESTRICT acc,
-                              size_t acc_stride) {
+// Scores of four key rows against kNumQ query heads: s[j * s_stride + key] = q_j . k_key.
+//   q: [kNumQ, head_dim] (already scaled)
+template <int kNumQ, CodecId kK, class D>
+HWY_INLINE void ScoreFourRows(D d, const std::byte* const* krows, const float* HWY_RESTRICT q,
+                              size_t head_dim, float* HWY_RESTRICT s, size_t s_stride) {
   const size_t n = hn::Lanes(d);
-  hn::Vec<D> weight[kNumQ];
-  for (int j = 0; j < kNumQ; ++j) weight[j] = hn::Set(d, p[j * p_stride]);
+  hn::Vec<D> acc[kNumQ][4];
+  HWY_UNROLL(8)
+  for (int j = 0; j < kNumQ; ++j) {
+    HWY_UNROLL(8)
+    for (int key = 0; key < 4; ++key) acc[j][key] = hn::Zero(d);
+  }
   for (size_t i = 0; i < head_dim; i += n) {
-    const auto v = LoadRow<kV>(d, vrow, i);
+    hn::Vec<D> k[4];
+    HWY_UNROLL(8)
+    for (int key = 0; key < 4; ++key) k[key] = LoadRow<kK>(d, krows[key], i);
+    HWY_UNROLL(8)
     for (int j = 0; j < kNumQ; ++j) {
-      float* a = acc + j * acc_stride + i;
-      hn::StoreU(hn::MulAdd(weight[j], v, hn::LoadU(d, a)), d, a);
+      const auto qv = hn::LoadU(d, q + j * head_dim + i);
+      HWY_UNROLL(8)
+      for (int key = 0; key < 4; ++key) acc[j][key] = hn::MulAdd(qv, k[key], acc[j][key]);
+    }
+  }
+  HWY_UNROLL(8)
+  for (int j = 0; j < kNumQ; ++j) {
+    SumOfLanes4(d, acc[j][0], acc[j][1], acc[j][2], acc[j][3], s + j * s_stride);
+  }
+}
+
+// acc_j[:head_dim] += sum over keys of p[j * p_stride + key] * v_key, for kNumQ query heads.
+// The accumulators stay in registers for a slice of dimensions while all the tile's keys go
+// by; each slice of a value row is converted once for all kNumQ heads.
+//   acc: [kNumQ][acc_stride]
+template <int kNumQ, CodecId kV, class D>
+HWY_INLINE void AccumulateRows(D d, const std::byte* const* vrows, size_t num_keys,
+                               const float* HWY_RESTRICT p, size_t p_stride, size_t head_dim,
+                               float* HWY_RESTRICT acc, size_t acc_stride) {
+  constexpr size_t kMaxVecs = 8 / kNumQ;  // accumulators in registers: at most 8
+  const size_t n = hn::Lanes(d);
+  for (size_t i0 = 0; i0 < head_dim; i0 += kMaxVecs * n) {
+    const size_t num_vecs = std::min(kMaxVecs, (head_dim - i0) / n);
+    hn::Vec<D> a[kNumQ][kMaxVecs];
+    HWY_UNROLL(8)
+    for (int j = 0; j < kNumQ; ++j) {
+      HWY_UNROLL(8)
+      for (size_t v = 0; v < kMaxVecs; ++v) {
+        a[j][v] = v < num_vecs ? hn::LoadU(d, acc + j * acc_stride + i0 + v * n) : hn::Zero(d);
+      }
+    }
+    for (size_t key = 0; key < num_keys; ++key) {
+      hn::Vec<D> w[kNumQ];
+      HWY_UNROLL(8)
+      for (int j = 0; j < kNumQ; ++j) w[j] = hn::Set(d, p[j * p_stride + key]);
+      HWY_UNROLL(8)
+      for (size_t v = 0; v < kMaxVecs; ++v) {
+        if (v < num_vecs) {
+          const auto x = LoadRow<kV>(d, vrows[key], i0 + v * n);
+          HWY_UNROLL(8)
+          for (int j = 0; j < kNumQ; ++j) a[j][v] = hn::MulAdd(w[j], x, a[j][v]);
+        }
+      }
+    }
+    HWY_UNROLL(8)
+    for (int j = 0; j < kNumQ; ++j) {
+      for (size_t v = 0; v < num_vecs; ++v)
+        hn::StoreU(a[j][v], d, acc + j * acc_stride + i0 + v * n);
     }
   }
 }
 
-// Runs fn(j, num_q) over the query heads of a group in steps of 4, 2 and 1, so that each
-// key or value row is converted once per step of up to 4 heads.
-template <class Fn>
+// Runs fn(j, num_q) over the query heads of a group in steps of kMaxStep (4 or 2), 2 and 1,
+// so that each key or value element is converted once per step of heads.
+template <int kMaxStep, class Fn>
 HWY_INLINE void ForEachHeadStep(int group, Fn&& fn) {
   int j = 0;
-  for (; j + 4 <= group; j += 4) fn(j, std::integral_constant<int, 4>());
+  if constexpr (kMaxStep == 4) {
+    for (; j + 4 <= group; j += 4) fn(j, std::integral_constant<int, 4>());
+  }
   for (; j + 2 <= group; j += 2) fn(j, std::integral_constant<int, 2>());
   for (; j < group; ++j) fn(j, std::integral_constant<int, 1>());
 }
@@ -162,6 +237,8 @@ void DecodeChunk(D d, const KvLayerView& view, int kv_head, int begin, int end,
   // Scores padded to whole vectors with -inf, so that max/exp/sum need no scalar tail.
   const size_t s_stride = (kDecodeTile + nf - 1) / nf * nf;
   float* s = Scratch(static_cast<size_t>(group) * s_stride);  // [group, s_stride]
+  const std::byte* krows[kDecodeTile];
+  const std::byte* vrows[kDecodeTile];
   for (int j = 0; j < group; ++j) {
     float* st = state + j * state_stride;
     std::fill(st, st + head_dim, 0.0f);
@@ -172,17 +249,25 @@ void DecodeChunk(D d, const KvLayerView& view, int kv_head, int begin, int end,
   for (int t0 = begin; t0 < end; t0 += kDecodeTile) {
     const int t1 = std::min(end, t0 + kDecodeTile);
     const size_t num_keys = static_cast<size_t>(t1 - t0);
-    // Pass 1: scores.
+    // Row addresses of the tile's keys and values, padded to a multiple of 4 with the last
+    // key (the padding's scores are overwritten with -inf below).
     view.ForEachRun(t0, t1, [&](int logical, int count, int32_t block_id, int row) {
       const std::byte* krow = view.k.Row(block_id, row, kv_head);
-      const size_t idx0 = static_cast<size_t>(logical - t0);
-      for (int r = 0; r < count; ++r, krow += view.k.row_bytes) {
-        ForEachHeadStep(group, [&](int j, auto num_q) {
-          ScoreRow<decltype(num_q)::value, kK>(d, krow, q + j * head_dim, head_dim,
-                                               s + j * s_stride + idx0 + r, s_stride);
-        });
+      const std::byte* vrow = view.v.Row(block_id, row, kv_head);
+      for (int r = 0; r < count; ++r) {
+        krows[logical - t0 + r] = krow + r * view.k.row_bytes;
+        vrows[logical - t0 + r] = vrow + r * view.v.row_bytes;
       }
     });
+    const size_t num_keys4 = (num_keys + 3) / 4 * 4;
+    for (size_t i = num_keys; i < num_keys4; ++i) krows[i] = krows[num_keys - 1];
+    // Pass 1: scores.
+    for (size_t key = 0; key < num_keys4; key += 4) {
+      ForEachHeadStep<2>(group, [&](int j, auto num_q) {
+        ScoreFourRows<decltype(num_q)::value, kK>(d, krows + key, q + j * head_dim, head_dim,
+                                                  s + j * s_stride + key, s_stride);
+      });
+    }
     // Softmax of the tile, folded into the running state.
     const size_t padded = (num_keys + nf - 1) / nf * nf;
     for (int j = 0; j < group; ++j) {
@@ -209,16 +294,9 @@ void DecodeChunk(D d, const KvLayerView& view, int kv_head, int begin, int end,
       st[head_dim] = new_max;
     }
     // Pass 2: weighted sum of the values.
-    view.ForEachRun(t0, t1, [&](int logical, int count, int32_t block_id, int row) {
-      const std::byte* vrow = view.v.Row(block_id, row, kv_head);
-      const size_t idx0 = static_cast<size_t>(logical - t0);
-      for (int r = 0; r < count; ++r, vrow += view.v.row_bytes) {
-        ForEachHeadStep(group, [&](int j, auto num_q) {
-          AccumulateRow<decltype(num_q)::value, kV>(d, vrow, s + j * s_stride + idx0 + r, s_stride,
-                                                    head_dim, state + j * state_stride,
-                                                    state_stride);
-        });
-      }
+    ForEachHeadStep<4>(group, [&](int j, auto num_q) {
+      AccumulateRows<decltype(num_q)::value, kV>(d, vrows, num_keys, s + j * s_stride, s_stride,
+                                                 head_dim, state + j * state_stride, state_stride);
     });
   }
 }

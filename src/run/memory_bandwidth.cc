@@ -1,0 +1,103 @@
+// MeasureReadBandwidth: a Highway-vectorised sum over a large buffer, per target with runtime
+// dispatch like the kernels it is the yardstick for, so both read memory the same way.
+
+#include "run/memory_bandwidth.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <vector>
+
+#include "kvstack/check.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "run/memory_bandwidth.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+// Order matters: foreach_target.h must come before highway.h.
+#include "hwy/aligned_allocator.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace kvstack {
+namespace HWY_NAMESPACE {
+
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Sum of data[0, n). Four independent accumulators keep several loads in flight.
+float SumFloats(const float* HWY_RESTRICT data, size_t n) {
+  const hn::ScalableTag<float> d;
+  const size_t lanes = hn::Lanes(d);
+  auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+  size_t i = 0;
+  for (; i + 4 * lanes <= n; i += 4 * lanes) {
+    a0 = hn::Add(a0, hn::LoadU(d, data + i));
+    a1 = hn::Add(a1, hn::LoadU(d, data + i + lanes));
+    a2 = hn::Add(a2, hn::LoadU(d, data + i + 2 * lanes));
+    a3 = hn::Add(a3, hn::LoadU(d, data + i + 3 * lanes));
+  }
+  float sum = hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(a0, a1), hn::Add(a2, a3))));
+  for (; i < n; ++i) sum += data[i];
+  return sum;
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace kvstack
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kvstack {
+
+HWY_EXPORT(SumFloats);
+
+double MeasureReadBandwidth(size_t bytes, int repetitions, ThreadPool* pool) {
+  KVS_CHECK(bytes >= 64 && repetitions >= 1);
+  const int num_threads = pool == nullptr ? 1 : pool->num_threads();
+  const size_t n = bytes / sizeof(float);
+  // Not value-initialised: the first write below is the per-thread one.
+  const hwy::AlignedFreeUniquePtr<float[]> data = hwy::AllocateAligned<float>(n);
+  KVS_CHECK(data != nullptr);
+  // Each thread writes its own range first, so the pages are faulted in (and, on NUMA
+  // machines, placed) before the timed passes.
+  const size_t per_thread = (n + num_threads - 1) / num_threads;
+  std::vector<float> partial_sums(num_threads, 0.0f);
+  auto for_each_range = [&](auto&& fn) {
+    auto task = [&](int64_t task_idx, int /*thread_idx*/) {
+      const size_t begin = std::min(n, static_cast<size_t>(task_idx) * per_thread);
+      const size_t end = std::min(n, begin + per_thread);
+      fn(static_cast<int>(task_idx), begin, end);
+    };
+    if (pool == nullptr) {
+      task(0, 0);
+    } else {
+      pool->Run(num_threads, task);
+    }
+  };
+  for_each_range([&](int, size_t begin, size_t end) {
+    std::fill(data.get() + begin, data.get() + end, 1.0f);
+  });
+
+  double best_seconds = 0.0;
+  float total = 0.0f;
+  for (int rep = 0; rep < repetitions; ++rep) {
+    const auto start = std::chrono::steady_clock::now();
+    for_each_range([&](int range_idx, size_t begin, size_t end) {
+      partial_sums[range_idx] = HWY_DYNAMIC_DISPATCH(SumFloats)(data.get() + begin, end - begin);
+    });
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (rep == 0 || seconds < best_seconds) best_seconds = seconds;
+    for (float s : partial_sums) total += s;
+  }
+  // The sums feed a value the compiler must assume is observed, so the loads cannot be dropped.
+  static std::atomic<float> sink;
+  sink.store(total, std::memory_order_relaxed);
+  return static_cast<double>(n * sizeof(float)) / std::max(best_seconds, 1e-9);
+}
+
+size_t DecodeBytesRead(const KvLayerView& view) {
+  return static_cast<size_t>(view.num_tokens) * view.num_kv_heads *
+         (view.k.row_bytes + view.v.row_bytes);
+}
+
+}  // namespace kvstack
+#endif  // HWY_ONCE

@@ -1,0 +1,23 @@
+// Memory read bandwidth of this machine, measured in-process: the reference that attention
+// benchmarks report their cache-read rate against (DESIGN.md: speed is a ratio to a reference
+// measured in the same run). Plus the number of bytes a decode step reads from a view.
+#pragma once
+
+#include <cstddef>
+
+#include "base/thread_pool.h"
+#include "kvstack/kv_view.h"
+
+namespace kvstack {
+
+// Reads a buffer of `bytes` (allocated and written once, before timing) with a vectorised sum,
+// split into one contiguous range per thread of `pool` (null: the calling thread alone), and
+// returns the best rate of `repetitions` passes in bytes per second. Use a buffer much larger
+// than the last-level cache (callers default to 1 GiB); small sizes measure the caches.
+// Requires bytes >= 64 and repetitions >= 1 (checked). Allocates `bytes` for the call.
+double MeasureReadBandwidth(size_t bytes, int repetitions, ThreadPool* pool);
+
+// Bytes of cache one decode step over `view` reads: every key and value row of every kv head.
+size_t DecodeBytesRead(const KvLayerView& view);
+
+}  // namespace kvstack

@@ -1,0 +1,38 @@
+// Tests for the memory bandwidth probe and the decode byte count (src/run/memory_bandwidth.h).
+// Sizes are tiny, so the rate measured is the caches'; only its plausibility is checked.
+
+#include "run/memory_bandwidth.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace kvstack {
+namespace {
+
+TEST(MemoryBandwidthTest, ReturnsAPlausibleRateWithAndWithoutPool) {
+  ThreadPool pool(2);
+  // Odd sizes too: ranges split unevenly and leave a scalar tail.
+  for (size_t bytes : {size_t{64}, size_t{4096 + 12}, size_t{1} << 20}) {
+    const double alone = MeasureReadBandwidth(bytes, 3, nullptr);
+    const double pooled = MeasureReadBandwidth(bytes, 3, &pool);
+    // Above 10 MB/s (any machine) and below 100 TB/s (a timing or size bug).
+    EXPECT_GT(alone, 1e7) << bytes;
+    EXPECT_LT(alone, 1e14) << bytes;
+    EXPECT_GT(pooled, 1e7) << bytes;
+    EXPECT_LT(pooled, 1e14) << bytes;
+  }
+}
+
+TEST(MemoryBandwidthTest, DecodeBytesReadCountsKeyAndValueRowsOfEveryHead) {
+  KvLayerView view;
+  view.num_tokens = 100;
+  view.num_kv_heads = 8;
+  view.head_dim = 64;
+  view.k.row_bytes = 128;  // F16 keys
+  view.v.row_bytes = 256;  // F32 values
+  EXPECT_EQ(DecodeBytesRead(view), size_t{100} * 8 * (128 + 256));
+}
+
+}  // namespace
+}  // namespace kvstack
