@@ -31,6 +31,7 @@ using VF = hn::Vec<DF>;
 // silu(g) * u for one element; the vector loop's tail.
 inline float SwiGluScalar(float g, float u) { return g / (1.0f + std::exp(-g)) * u; }
 
+// x, weight, out: [dim].
 void RmsNormImpl(const float* HWY_RESTRICT x, const float* HWY_RESTRICT weight, int dim, float eps,
                  float* out) {
   const DF df;
@@ -63,7 +64,8 @@ void RmsNormImpl(const float* HWY_RESTRICT x, const float* HWY_RESTRICT weight, 
   for (; i < dim; ++i) out[i] = x[i] * scale * weight[i];
 }
 
-// Rotates dims [0, rope_dim) of every head with precomputed per-dim factors (see Rope below).
+// x: [num_heads, head_dim]. Rotates dims [0, rope_dim) of every head with precomputed factors
+// (see Rope below).
 // kNormal: x'[j] = x[j] * cos_table[j] + swap_pairs(x)[j] * sin_table[j], tables of rope_dim.
 // kNeox:   pairs (x[i], x[i + half]) with cos_table[i], sin_table[i], tables of rope_dim / 2.
 void RopeImpl(float* HWY_RESTRICT x, int num_heads, int head_dim, int rope_dim,
@@ -129,6 +131,7 @@ void SwiGluImpl(float* HWY_RESTRICT gate, const float* HWY_RESTRICT up, int n) {
   for (; i < n; ++i) gate[i] = SwiGluScalar(gate[i], up[i]);
 }
 
+// in: [n] IEEE half bits; out: [n].
 void F16RowToF32(const uint16_t* HWY_RESTRICT in, int n, float* HWY_RESTRICT out) {
   const DF df;
   const hn::Rebind<hwy::float16_t, DF> df16;

@@ -17,6 +17,16 @@
 #include "kvstack/numeric.h"
 #include "run/dense_ops.h"
 
+// Shared by every target's code and the dispatching code below; guarded because
+// foreach_target.h includes this file once per target.
+#ifndef KVSTACK_RUN_MATMUL_CONSTANTS_
+#define KVSTACK_RUN_MATMUL_CONSTANTS_
+namespace kvstack::ops::matmul_internal {
+// Rows per GEMV tile: 8 independent FMA chains cover the FMA latency on every x86 target.
+constexpr int kGemvRows = 8;
+}  // namespace kvstack::ops::matmul_internal
+#endif
+
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "run/matmul.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -38,7 +48,7 @@ constexpr int kTileTokens = 4;
 constexpr int kTileTokens = 2;
 #endif
 constexpr int kTileRows = 4;
-constexpr int kGemvRows = 8;
+using matmul_internal::kGemvRows;
 
 // Lanes(DF()) weights from p, as F32.
 HWY_INLINE VF LoadAsF32(DF df, const float* HWY_RESTRICT p) { return hn::LoadU(df, p); }
@@ -99,6 +109,7 @@ HWY_INLINE void DotRows(const WT* HWY_RESTRICT w, const float* HWY_RESTRICT x, s
   for (; r < row_end; ++r) DotTile<kT, 1>(w + r * cols, x, cols, y + r, rows);
 }
 
+// w: [rows, cols]; x: [num_tokens, cols]; y: [num_tokens, rows].
 template <typename WT>
 void MatMulBlockT(const WT* HWY_RESTRICT w, size_t rows, size_t cols, const float* HWY_RESTRICT x,
                   float* HWY_RESTRICT y, size_t row_begin, size_t row_end, size_t token_begin,
@@ -123,7 +134,8 @@ void MatMulBlockT(const WT* HWY_RESTRICT w, size_t rows, size_t cols, const floa
   }
 }
 
-// The per-target entry point: outputs y[token_begin:token_end, row_begin:row_end].
+// The per-target entry point: y[token_begin:token_end, row_begin:row_end] of MatMul.
+// x: [num_tokens, w.cols]; y: [num_tokens, w.rows].
 void MatMulBlock(const WeightMatrix& w, const float* x, float* y, int64_t row_begin,
                  int64_t row_end, int64_t token_begin, int64_t token_end) {
   if (w.type == WeightType::kF16) {
@@ -176,7 +188,7 @@ void MatMul(const WeightMatrix& w, const float* x, int num_tokens, float* y, Thr
   if (num_tokens == 1) {
     // Row ranges in whole GEMV tiles; a few per thread so a descheduled thread's share is
     // picked up by the others.
-    constexpr int64_t kUnit = 8;  // == kGemvRows of every target
+    constexpr int64_t kUnit = matmul_internal::kGemvRows;
     const int64_t num_units = (rows + kUnit - 1) / kUnit;
     const int64_t num_tasks = std::min(num_units, pool->num_threads() * kGemvTasksPerThread);
     pool->Run(num_tasks, [&](int64_t task_idx, int) {

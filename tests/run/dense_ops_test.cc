@@ -301,6 +301,13 @@ TEST(EmbeddingRow, ConvertsEachRow) {
 // Every SIMD target compiled in and supported here (AVX-512, AVX2, SSE4, emulated 128-bit on a
 // recent x86) runs a few shapes of each kernel, so the paths other CPUs take are tested too.
 TEST(DenseOps, EveryTargetMatchesReference) {
+  // Restores the real target choice however the test exits, so later tests run the best one.
+  struct RestoreTargets {
+    ~RestoreTargets() {
+      hwy::SetSupportedTargetsForTest(0);
+      hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    }
+  } restore_targets;
   ThreadPool pool(2);
   for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
     SCOPED_TRACE(hwy::TargetName(target));
@@ -324,8 +331,6 @@ TEST(DenseOps, EveryTargetMatchesReference) {
     SwiGluReference(ref.data(), up.data(), 77);
     for (int i = 0; i < 77; ++i) ASSERT_NEAR(gate[i], ref[i], 1e-5 * std::abs(ref[i]) + 1e-30);
   }
-  hwy::SetSupportedTargetsForTest(0);
-  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
 }
 
 }  // namespace
