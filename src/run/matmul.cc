@@ -158,8 +158,9 @@ namespace {
 
 HWY_EXPORT(MatMulBlock);
 
-// Below this many multiply-adds a call runs on the caller alone: handing out a loop costs on
-// the order of a microsecond (more when workers sleep), about what 64k FMAs take on one core.
+// Below this many multiply-adds a call runs on the caller alone. One parallel loop costs
+// 0.2-0.7 us while workers spin (BM_PoolRunOverhead) and tens of us once they sleep; 128k
+// multiply-adds take 2-4 us on one core, so below that splitting gains less than it risks.
 constexpr int64_t kMinParallelMacs = int64_t{1} << 17;
 // Parallel split granularity. Prefill: blocks of rows x tokens, small enough that two threads
 // balance and a block's token rows stay in L2. Decode: row ranges of whole GEMV tiles.
