@@ -27,6 +27,7 @@
 #define HWY_TARGET_INCLUDE "run/attention.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // Order matters: foreach_target.h must come before highway.h.
+#include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 
@@ -45,6 +46,8 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kDecodeTile = 256;
 constexpr int kMinDecodeChunk = 256;
 constexpr int kDecodeTasksPerThread = 4;
+constexpr size_t kPrefetchAhead = 16;  // keys
+constexpr size_t kCacheLine = 64;
 // Prefill: keys per tile. A multiple of kKeysPerStep.
 constexpr int kPrefillKeyTile = 32;
 constexpr int kKeysPerStep = 4;
@@ -261,8 +264,19 @@ void DecodeChunk(D d, const KvLayerView& view, int kv_head, int begin, int end,
     });
     const size_t num_keys4 = (num_keys + 3) / 4 * 4;
     for (size_t i = num_keys; i < num_keys4; ++i) krows[i] = krows[num_keys - 1];
-    // Pass 1: scores.
+    // Pass 1: scores. Blocks of a paged cache are a few KiB apart from the next block of the
+    // same head, which stops the hardware prefetchers at every block; so the rows kPrefetchAhead
+    // keys ahead (keys and values both: the value pass then reads from L2) are requested here.
     for (size_t key = 0; key < num_keys4; key += 4) {
+      for (size_t ahead = key + kPrefetchAhead;
+           ahead < std::min(num_keys, key + kPrefetchAhead + 4); ++ahead) {
+        for (size_t line = 0; line < view.k.row_bytes; line += kCacheLine) {
+          hwy::Prefetch(krows[ahead] + line);
+        }
+        for (size_t line = 0; line < view.v.row_bytes; line += kCacheLine) {
+          hwy::Prefetch(vrows[ahead] + line);
+        }
+      }
       ForEachHeadStep<2>(group, [&](int j, auto num_q) {
         ScoreFourRows<decltype(num_q)::value, kK>(d, krows + key, q + j * head_dim, head_dim,
                                                   s + j * s_stride + key, s_stride);
