@@ -26,6 +26,18 @@ int main(int argc, char** argv) {
   add(kvstack::cli::RegisterInspect);
   add(kvstack::cli::RegisterMakeModel);
   add(kvstack::cli::RegisterBench);
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string names;
+    bool known = false;
+    for (const Entry& entry : entries) {
+      known = known || entry.sub->get_name() == argv[1];
+      names += (names.empty() ? "" : ", ") + entry.sub->get_name();
+    }
+    if (!known) {
+      std::fprintf(stderr, "kvstack: unknown command '%s'; commands: %s\n", argv[1], names.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
