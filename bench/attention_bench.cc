@@ -54,8 +54,8 @@ struct BenchCache {
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
     auto fill = [&](std::vector<std::byte>& arena, KvArenaView& arena_view) {
       arena_view.codec = codec;
-      arena_view.row_bytes = elem_bytes * head_dim;
-      arena_view.head_stride = arena_view.row_bytes * kBlockSize;
+      arena_view.unit_bytes = elem_bytes * head_dim;
+      arena_view.head_stride = arena_view.unit_bytes * kBlockSize;
       arena_view.block_stride = arena_view.head_stride * num_kv_heads;
       arena.resize(arena_view.block_stride * num_blocks);
       for (size_t i = 0; i < arena.size(); i += elem_bytes) {

@@ -1,7 +1,25 @@
-// Codec: how one head's key or value vector is stored in the cache (layer 2, representation).
-// A codec turns rows of `head_dim` floats into a fixed number of bytes per row and back.
-// The virtual interface is for set-up, tests and slow paths; attention kernels are specialised
-// per CodecId at compile time and read the bytes directly.
+// Codec: how one head's key or value vectors are stored in the cache (layer 2,
+// representation). A codec turns `group_tokens()` consecutive tokens of one head — a unit —
+// into a fixed number of bytes and back. Most codecs have units of one token (a row);
+// codecs that group along the token axis (KIVI keys per channel, integer groups larger than
+// head_dim) encode several tokens together, and the cache keeps the tokens of a unit that is
+// not yet full in full precision until it fills.
+// The virtual interface is for set-up, tests and generic paths; attention kernels are
+// specialised per CodecId at compile time and read the bytes directly.
+//
+// Names (what users type; `-g<N>` sets a group size, `-r<N>` a rank):
+//   f32, f16, bf16          plain floats
+//   fp8_e4m3, fp8_e5m2      8-bit floats, one F16 absmax scale per token per head
+//   int8                    symmetric, one F16 scale per token per head
+//   int4[-g<N>], int2[-g<N>]  asymmetric (F16 scale + F16 minimum) per group of N elements
+//                           (default 32). N <= head_dim: groups along the row (N divides
+//                           head_dim). N > head_dim: a group is N / head_dim consecutive
+//                           tokens of one head (N a multiple of head_dim) — the rule that
+//                           lets models with small heads (stories260K: 8) group at all.
+//   q4_absmax               baseline (llama.cpp q4_0's idea): symmetric 4-bit, one F16 absmax
+//                           scale per block of min(32, head_dim) elements of a token's row
+//   kivi4[-g<G>], kivi2[-g<G>]  KIVI: as keys, per channel over groups of G tokens (default
+//                           32); as values, per token in groups of min(G, head_dim) elements
 #pragma once
 
 #include <cstddef>
@@ -20,36 +38,56 @@ enum class CodecId : uint16_t {
   kF32 = 0,
   kF16 = 1,   // IEEE binary16
   kBF16 = 2,  // bfloat16
+  kFp8E4M3 = 3,
+  kFp8E5M2 = 4,
+  kInt8 = 5,
+  kInt4 = 6,
+  kInt2 = 7,
+  kQ4Absmax = 8,
+  kKivi4 = 9,
+  kKivi2 = 10,
 };
+
+// Whether a codec stores keys or values (KIVI quantises them along different axes).
+enum class CodecRole : uint8_t { kKey = 0, kValue = 1 };
 
 class Codec {
  public:
   virtual ~Codec() = default;
 
   virtual CodecId id() const = 0;
-  // The name users type: "f32", "f16", "bf16".
+  // The full name as users type it, options included: "int4-g64".
   virtual std::string_view name() const = 0;
-  // Elements per row; fixed at creation.
+  // Elements per token per head; fixed at creation.
   virtual int head_dim() const = 0;
-  // Exact bytes one row (one token, one head) occupies in the cache.
-  virtual size_t row_bytes() const = 0;
+  // Consecutive tokens of one head encoded together in one unit. Default: 1.
+  virtual int group_tokens() const { return 1; }
+  // Exact bytes one unit (group_tokens() tokens of one head) occupies in the cache.
+  virtual size_t unit_bytes() const = 0;
   // Storage bits per element, scales and metadata included.
-  double bits_per_element() const { return 8.0 * row_bytes() / head_dim(); }
+  double bits_per_element() const {
+    return 8.0 * static_cast<double>(unit_bytes()) / (group_tokens() * head_dim());
+  }
   // Whether the codec needs a calibration profile before it can encode. Default: no.
   virtual bool needs_calibration() const { return false; }
 
-  // src: [num_rows, head_dim] floats; dst: [num_rows, row_bytes()] bytes.
-  // Sizes must agree (checked). Thread-safe: codecs are immutable after creation.
+  // src: [num_units * group_tokens(), head_dim] floats (token-major);
+  // dst: [num_units, unit_bytes()] bytes. Sizes must agree (checked). NaN or Inf inputs must
+  // not poison the other elements of their group (they are clamped or stored as themselves).
+  // Thread-safe: codecs are immutable after creation.
   virtual void Encode(std::span<const float> src, std::span<std::byte> dst) const = 0;
-  // src: [num_rows, row_bytes()] bytes; dst: [num_rows, head_dim] floats.
+  // src: [num_units, unit_bytes()] bytes; dst: [num_units * group_tokens(), head_dim] floats.
   virtual void Decode(std::span<const std::byte> src, std::span<float> dst) const = 0;
 };
 
-// Creates the codec called `name` for rows of `head_dim` elements. Unknown names get an
-// InvalidArgument error that lists the allowed names.
-absl::StatusOr<std::unique_ptr<Codec>> CreateCodec(std::string_view name, int head_dim);
+// Creates the codec called `name` (see the grammar above) for rows of `head_dim` elements in
+// `role`. Errors (InvalidArgument, one line): unknown names (listing the allowed ones), bad
+// options (a group that does not divide head_dim or is not a multiple of it), impossible
+// combinations.
+absl::StatusOr<std::unique_ptr<Codec>> CreateCodec(std::string_view name, int head_dim,
+                                                   CodecRole role = CodecRole::kKey);
 
-// Every codec name CreateCodec accepts, in a stable order.
+// Every codec base name CreateCodec accepts, in a stable order (options not shown).
 std::vector<std::string> CodecNames();
 
 }  // namespace kvstack

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kvstack/status.h"
 
@@ -40,6 +41,24 @@ struct KvConfig {
   int max_sequences = 1;
   // Selection policy (select/ layer) by name. Default: "full" (keep every token).
   std::string policy = "full";
+  // The first sink_tokens tokens of every sequence are kept in full precision (F32) whatever
+  // the codecs. Default: 0.
+  int sink_tokens = 0;
+  // Rotate keys by an orthonormal Hadamard matrix before encoding (spreads outlier channels
+  // across the group; head_dim must be a power of two). Default: false.
+  bool hadamard_keys = false;
+  // Per-layer codec choices that replace k_codec / v_codec for one layer. An empty string
+  // keeps the default. Flag: --layer-codec L:K:V (repeatable); TOML: [kv.layer.L] k_codec=...
+  struct LayerCodecs {
+    int layer_idx = 0;
+    std::string k_codec;
+    std::string v_codec;
+  };
+  std::vector<LayerCodecs> layer_codecs;
+
+  // The codec names of one layer, after overrides.
+  const std::string& KCodecOf(int layer_idx) const;
+  const std::string& VCodecOf(int layer_idx) const;
 
   // One line, `key=value` pairs, stable order: what reports print.
   std::string ToString() const;

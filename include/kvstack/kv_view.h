@@ -3,11 +3,18 @@
 // every attention kernel reads through it. Plain data, passed by value; valid until the cache
 // that produced it is next modified.
 //
-// Addressing. Logical token i (0 <= i < num_tokens, oldest first) lives in slot
+// Three segments, in logical order (oldest first):
+//   sinks   [0, sinks.end)              F32 copies of the first tokens (attention sinks), when
+//                                       the config keeps sinks in full precision;
+//   arena   [sinks.end, pending.begin)  encoded units in the blocks;
+//   pending [pending.begin, num_tokens) F32 tokens of the unit still filling (codecs whose
+//                                       units hold several tokens).
+// Either F32 segment may be empty. Arena addressing: logical token i lives in slot
 //   s = (first_slot + i) % (block_table.size() * block_size)
-// of the sequence, i.e. in physical block block_table[s / block_size], row s % block_size.
-// Inside an arena, block b's rows for kv head h start at
-//   base + b * block_stride + h * head_stride, one row every row_bytes.
+// i.e. in physical block block_table[s / block_size], row r = s % block_size, which belongs to
+// unit r / group_tokens of that block (units never straddle blocks: block_size is a multiple
+// of group_tokens). Inside an arena, block b's units for kv head h start at
+//   base + b * block_stride + h * head_stride, one unit every unit_bytes.
 // Contiguous: one block of `capacity` slots, first_slot 0. Paged: many blocks, first_slot 0.
 // Ring: one block of `capacity` slots; first_slot moves once the ring has wrapped.
 #pragma once
@@ -24,15 +31,41 @@ namespace kvstack {
 
 // One arena (keys or values) of one layer.
 struct KvArenaView {
-  const std::byte* base = nullptr;  // [num_blocks_in_pool][num_kv_heads][block_size][row_bytes]
-  size_t block_stride = 0;          // bytes between consecutive physical blocks
-  size_t head_stride = 0;           // bytes between kv heads inside a block
-  size_t row_bytes = 0;             // bytes per token per head
+  const std::byte* base =
+      nullptr;              // [num_blocks][num_kv_heads][block_size/group_tokens][unit_bytes]
+  size_t block_stride = 0;  // bytes between consecutive physical blocks
+  size_t head_stride = 0;   // bytes between kv heads inside a block
+  size_t unit_bytes = 0;    // bytes per unit (group_tokens tokens of one head)
+  int group_tokens = 1;     // tokens per unit
   CodecId codec = CodecId::kF32;
+  const Codec* codec_impl = nullptr;  // the codec itself, for generic paths and references
 
-  const std::byte* Row(int32_t block_id, int row, int kv_head) const {
+  const std::byte* Unit(int32_t block_id, int unit_idx, int kv_head) const {
     return base + static_cast<size_t>(block_id) * block_stride +
-           static_cast<size_t>(kv_head) * head_stride + static_cast<size_t>(row) * row_bytes;
+           static_cast<size_t>(kv_head) * head_stride + static_cast<size_t>(unit_idx) * unit_bytes;
+  }
+  // The row of one token; only for codecs with one-token units.
+  const std::byte* Row(int32_t block_id, int row, int kv_head) const {
+    KVS_DCHECK(group_tokens == 1);
+    return Unit(block_id, row, kv_head);
+  }
+};
+
+// Full-precision (F32) tokens kept outside the arenas.
+struct KvF32Segment {
+  const float* k = nullptr;  // [num_kv_heads][stride_tokens][head_dim]
+  const float* v = nullptr;  // [num_kv_heads][stride_tokens][head_dim]
+  int stride_tokens = 0;     // buffer rows per kv head
+  int origin = 0;            // logical index of buffer row 0
+  int begin = 0;             // logical range [begin, end) held here
+  int end = 0;
+
+  int num_tokens() const { return end - begin; }
+  const float* KRow(int logical, int kv_head, int head_dim) const {
+    return k + (static_cast<size_t>(kv_head) * stride_tokens + (logical - origin)) * head_dim;
+  }
+  const float* VRow(int logical, int kv_head, int head_dim) const {
+    return v + (static_cast<size_t>(kv_head) * stride_tokens + (logical - origin)) * head_dim;
   }
 };
 
@@ -45,8 +78,16 @@ struct KvLayerView {
   int num_tokens = 0;                    // valid logical tokens
   int num_kv_heads = 0;
   int head_dim = 0;
+  KvF32Segment sinks;    // [0, sinks.end); empty when no sinks are kept
+  KvF32Segment pending;  // [pending.begin, num_tokens); empty when every unit is complete
+  // Keys are stored rotated by the orthonormal Hadamard matrix H (k' = H k): attention must
+  // rotate each query the same way (q.k = Hq.Hk). Values are never rotated.
+  bool keys_rotated = false;
 
   int num_slots() const { return static_cast<int>(block_table.size()) * block_size; }
+  // The logical range held in the arenas.
+  int arena_begin() const { return sinks.end; }
+  int arena_end() const { return pending.end > pending.begin ? pending.begin : num_tokens; }
 
   // Calls fn(logical_begin, count, block_id, row_begin) for maximal runs of logical tokens
   // [begin, end) that sit in consecutive rows of one block, in logical order.

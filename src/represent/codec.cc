@@ -19,10 +19,10 @@ constexpr int kMaxHeadDim = 4096;
 
 // Checks the shapes shared by every codec's Encode/Decode and returns the number of rows.
 // Callers are our own code paths; a mismatch is a bug, not user input.
-size_t CheckedNumRows(size_t num_floats, size_t num_bytes, int head_dim, size_t row_bytes) {
+size_t CheckedNumRows(size_t num_floats, size_t num_bytes, int head_dim, size_t unit_bytes) {
   KVS_CHECK(num_floats % static_cast<size_t>(head_dim) == 0);
   const size_t num_rows = num_floats / static_cast<size_t>(head_dim);
-  KVS_CHECK(num_bytes == num_rows * row_bytes);
+  KVS_CHECK(num_bytes == num_rows * unit_bytes);
   return num_rows;
 }
 
@@ -32,14 +32,14 @@ class F32Codec final : public Codec {
   CodecId id() const override { return CodecId::kF32; }
   std::string_view name() const override { return "f32"; }
   int head_dim() const override { return head_dim_; }
-  size_t row_bytes() const override { return sizeof(float) * head_dim_; }
+  size_t unit_bytes() const override { return sizeof(float) * head_dim_; }
 
   void Encode(std::span<const float> src, std::span<std::byte> dst) const override {
-    CheckedNumRows(src.size(), dst.size(), head_dim_, row_bytes());
+    CheckedNumRows(src.size(), dst.size(), head_dim_, unit_bytes());
     if (!src.empty()) std::memcpy(dst.data(), src.data(), dst.size());
   }
   void Decode(std::span<const std::byte> src, std::span<float> dst) const override {
-    CheckedNumRows(dst.size(), src.size(), head_dim_, row_bytes());
+    CheckedNumRows(dst.size(), src.size(), head_dim_, unit_bytes());
     if (!dst.empty()) std::memcpy(dst.data(), src.data(), src.size());
   }
 
@@ -57,17 +57,17 @@ class Half16Codec final : public Codec {
   CodecId id() const override { return kId; }
   std::string_view name() const override { return name_; }
   int head_dim() const override { return head_dim_; }
-  size_t row_bytes() const override { return sizeof(uint16_t) * head_dim_; }
+  size_t unit_bytes() const override { return sizeof(uint16_t) * head_dim_; }
 
   void Encode(std::span<const float> src, std::span<std::byte> dst) const override {
-    CheckedNumRows(src.size(), dst.size(), head_dim_, row_bytes());
+    CheckedNumRows(src.size(), dst.size(), head_dim_, unit_bytes());
     for (size_t i = 0; i < src.size(); ++i) {
       const uint16_t h = kEncode(src[i]);
       std::memcpy(dst.data() + i * sizeof(uint16_t), &h, sizeof(h));
     }
   }
   void Decode(std::span<const std::byte> src, std::span<float> dst) const override {
-    CheckedNumRows(dst.size(), src.size(), head_dim_, row_bytes());
+    CheckedNumRows(dst.size(), src.size(), head_dim_, unit_bytes());
     for (size_t i = 0; i < dst.size(); ++i) {
       uint16_t h;
       std::memcpy(&h, src.data() + i * sizeof(uint16_t), sizeof(h));
@@ -104,7 +104,8 @@ constexpr CodecEntry kCodecs[] = {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Codec>> CreateCodec(std::string_view name, int head_dim) {
+absl::StatusOr<std::unique_ptr<Codec>> CreateCodec(std::string_view name, int head_dim,
+                                                   CodecRole role) {
   for (const CodecEntry& entry : kCodecs) {
     if (entry.name != name) continue;
     if (head_dim < 1 || head_dim > kMaxHeadDim) {

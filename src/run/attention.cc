@@ -258,8 +258,8 @@ void DecodeChunk(D d, const KvLayerView& view, int kv_head, int begin, int end,
       const std::byte* krow = view.k.Row(block_id, row, kv_head);
       const std::byte* vrow = view.v.Row(block_id, row, kv_head);
       for (int r = 0; r < count; ++r) {
-        krows[logical - t0 + r] = krow + r * view.k.row_bytes;
-        vrows[logical - t0 + r] = vrow + r * view.v.row_bytes;
+        krows[logical - t0 + r] = krow + r * view.k.unit_bytes;
+        vrows[logical - t0 + r] = vrow + r * view.v.unit_bytes;
       }
     });
     const size_t num_keys4 = (num_keys + 3) / 4 * 4;
@@ -270,10 +270,10 @@ void DecodeChunk(D d, const KvLayerView& view, int kv_head, int begin, int end,
     for (size_t key = 0; key < num_keys4; key += 4) {
       for (size_t ahead = key + kPrefetchAhead;
            ahead < std::min(num_keys, key + kPrefetchAhead + 4); ++ahead) {
-        for (size_t line = 0; line < view.k.row_bytes; line += kCacheLine) {
+        for (size_t line = 0; line < view.k.unit_bytes; line += kCacheLine) {
           hwy::Prefetch(krows[ahead] + line);
         }
-        for (size_t line = 0; line < view.v.row_bytes; line += kCacheLine) {
+        for (size_t line = 0; line < view.v.unit_bytes; line += kCacheLine) {
           hwy::Prefetch(vrows[ahead] + line);
         }
       }
@@ -467,7 +467,7 @@ void LoadTile(const KvLayerView& view, const KvArenaView& arena, int kv_head, in
   view.ForEachRun(t0, t1, [&](int logical, int count, int32_t block_id, int row) {
     const std::byte* src = arena.Row(block_id, row, kv_head);
     float* dst = tile + static_cast<size_t>(logical - t0) * head_dim;
-    for (int r = 0; r < count; ++r, src += arena.row_bytes, dst += head_dim) {
+    for (int r = 0; r < count; ++r, src += arena.unit_bytes, dst += head_dim) {
       ConvertRow<kCodec>(src, head_dim, dst);
     }
   });

@@ -13,6 +13,7 @@
 #include "base/thread_pool.h"
 #include "run/attention.h"
 #include "run/dense_ops.h"
+#include "run/memory_bandwidth.h"
 
 namespace kvstack {
 namespace {
@@ -175,8 +176,7 @@ absl::Status Engine::ForwardBatch(SeqId seq_id, std::span<const TokenId> tokens,
     Attention(view, s.q.data(), m, attention_params, s.attn.data(), pool);
     profile_.attention_seconds += SecondsSince(attention_start);
     profile_.attention_calls += 1;
-    profile_.cache_bytes_read += static_cast<double>(view.num_tokens) * view.num_kv_heads *
-                                 static_cast<double>(view.k.row_bytes + view.v.row_bytes);
+    profile_.cache_bytes_read += static_cast<double>(DecodeBytesRead(view));
     ops::MatMul(w.wo, s.attn.data(), m, s.gate.data(), pool);
     for (size_t i = 0; i < static_cast<size_t>(m) * dim; ++i) s.x[i] += s.gate[i];
 

@@ -96,7 +96,7 @@ double MeasureReadBandwidth(size_t bytes, int repetitions, ThreadPool* pool) {
 
 size_t DecodeBytesRead(const KvLayerView& view) {
   return static_cast<size_t>(view.num_tokens) * view.num_kv_heads *
-         (view.k.row_bytes + view.v.row_bytes);
+         (view.k.unit_bytes + view.v.unit_bytes);
 }
 
 }  // namespace kvstack

@@ -28,7 +28,7 @@ struct ArenaFree {
 };
 using ArenaPtr = std::unique_ptr<std::byte[], ArenaFree>;
 
-// One arena of one layer: [num_blocks][num_kv_heads][block_size][row_bytes], zeroed so that
+// One arena of one layer: [num_blocks][num_kv_heads][block_size][unit_bytes], zeroed so that
 // unwritten rows decode to zeros rather than garbage (and NaNs) in every codec.
 absl::StatusOr<ArenaPtr> AllocateArena(size_t bytes) {
   const size_t rounded = (bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
@@ -82,9 +82,11 @@ struct KvCache::Impl {
   KvArenaView ArenaView(const ArenaPtr& arena, const Codec& codec, size_t block_stride) const {
     return KvArenaView{.base = arena.get(),
                        .block_stride = block_stride,
-                       .head_stride = static_cast<size_t>(block_size) * codec.row_bytes(),
-                       .row_bytes = codec.row_bytes(),
-                       .codec = codec.id()};
+                       .head_stride = static_cast<size_t>(block_size) * codec.unit_bytes(),
+                       .unit_bytes = codec.unit_bytes(),
+                       .group_tokens = codec.group_tokens(),
+                       .codec = codec.id(),
+                       .codec_impl = &codec};
   }
 
   // Copies block `src` over block `dst` in every layer, keys and values.
@@ -128,9 +130,9 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
                      "; capacity must be resolved to > 0 before creating the cache"));
   }
   KVS_ASSIGN_OR_RETURN(std::unique_ptr<Codec> k_codec,
-                       CreateCodec(config.k_codec, options.head_dim));
+                       CreateCodec(config.k_codec, options.head_dim, CodecRole::kKey));
   KVS_ASSIGN_OR_RETURN(std::unique_ptr<Codec> v_codec,
-                       CreateCodec(config.v_codec, options.head_dim));
+                       CreateCodec(config.v_codec, options.head_dim, CodecRole::kValue));
 
   // Sizes are checked in 128-bit arithmetic: a capacity typo must give a message, not a wrap.
   using Wide = unsigned __int128;
@@ -142,7 +144,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
             : static_cast<Wide>(config.max_sequences);
   const Wide total_slots = num_blocks * block_size;
   const Wide reserved = total_slots * options.num_layers * options.num_kv_heads *
-                        (k_codec->row_bytes() + v_codec->row_bytes());
+                        (k_codec->unit_bytes() + v_codec->unit_bytes());
   if (reserved > kMaxReservedBytes || total_slots > std::numeric_limits<int32_t>::max()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "kv cache: ", config.ToString(), " with num_layers=", options.num_layers,
@@ -155,8 +157,8 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
   auto impl = std::make_unique<Impl>(static_cast<int32_t>(num_blocks));
   impl->options = options;
   impl->block_size = static_cast<int>(block_size);
-  impl->k_block_stride = options.num_kv_heads * impl->block_size * k_codec->row_bytes();
-  impl->v_block_stride = options.num_kv_heads * impl->block_size * v_codec->row_bytes();
+  impl->k_block_stride = options.num_kv_heads * impl->block_size * k_codec->unit_bytes();
+  impl->v_block_stride = options.num_kv_heads * impl->block_size * v_codec->unit_bytes();
   impl->k_codec = std::move(k_codec);
   impl->v_codec = std::move(v_codec);
   impl->layers.resize(options.num_layers);
@@ -317,8 +319,8 @@ void KvCache::Write(SeqId seq_id, int layer_idx, int logical_begin, std::span<co
             const size_t src = src_token + h * head_dim;
             const size_t k_off = view.k.Row(block_id, row_begin + t, h) - view.k.base;
             const size_t v_off = view.v.Row(block_id, row_begin + t, h) - view.v.base;
-            k_codec.Encode(k.subspan(src, head_dim), {layer.k.get() + k_off, view.k.row_bytes});
-            v_codec.Encode(v.subspan(src, head_dim), {layer.v.get() + v_off, view.v.row_bytes});
+            k_codec.Encode(k.subspan(src, head_dim), {layer.k.get() + k_off, view.k.unit_bytes});
+            v_codec.Encode(v.subspan(src, head_dim), {layer.v.get() + v_off, view.v.unit_bytes});
           }
         }
       });
@@ -349,7 +351,7 @@ int KvCache::num_layers() const { return impl_->options.num_layers; }
 
 size_t KvCache::bytes_per_token() const {
   return static_cast<size_t>(impl_->options.num_layers) * impl_->options.num_kv_heads *
-         (impl_->k_codec->row_bytes() + impl_->v_codec->row_bytes());
+         (impl_->k_codec->unit_bytes() + impl_->v_codec->unit_bytes());
 }
 
 size_t KvCache::bytes_reserved() const {

@@ -21,7 +21,7 @@ namespace {
 using ::testing::HasSubstr;
 
 struct CodecSpec {
-  size_t bytes_per_element;  // row_bytes = bytes_per_element * head_dim
+  size_t bytes_per_element;  // unit_bytes = bytes_per_element * head_dim
   double rel_tolerance;      // round-trip error bound relative to |x|, normal range
   CodecId id;
 };
@@ -58,12 +58,12 @@ class CodecConformanceTest : public ::testing::TestWithParam<std::tuple<std::str
   }
 
   std::vector<std::byte> Encode(const std::vector<float>& src) const {
-    std::vector<std::byte> dst(src.size() / head_dim_ * codec_->row_bytes());
+    std::vector<std::byte> dst(src.size() / head_dim_ * codec_->unit_bytes());
     codec_->Encode(src, dst);
     return dst;
   }
   std::vector<float> Decode(const std::vector<std::byte>& src) const {
-    std::vector<float> dst(src.size() / codec_->row_bytes() * head_dim_);
+    std::vector<float> dst(src.size() / codec_->unit_bytes() * head_dim_);
     codec_->Decode(src, dst);
     return dst;
   }
@@ -77,7 +77,7 @@ TEST_P(CodecConformanceTest, DescribesItself) {
   EXPECT_EQ(codec_->name(), std::get<0>(GetParam()));
   EXPECT_EQ(codec_->id(), spec_.id);
   EXPECT_EQ(codec_->head_dim(), head_dim_);
-  EXPECT_EQ(codec_->row_bytes(), spec_.bytes_per_element * head_dim_);
+  EXPECT_EQ(codec_->unit_bytes(), spec_.bytes_per_element * head_dim_);
   EXPECT_DOUBLE_EQ(codec_->bits_per_element(), 8.0 * spec_.bytes_per_element);
 }
 
@@ -122,18 +122,18 @@ TEST_P(CodecConformanceTest, ManyRowsAtOnceEqualRowByRow) {
   const int num_rows = 6;
   const std::vector<float> src = RandomRows(num_rows, head_dim_, 3);
   const std::vector<std::byte> together = Encode(src);
-  const size_t row_bytes = codec_->row_bytes();
+  const size_t unit_bytes = codec_->unit_bytes();
   std::vector<std::byte> one_by_one(together.size());
   for (int r = 0; r < num_rows; ++r) {
     codec_->Encode(std::span(src).subspan(r * head_dim_, head_dim_),
-                   std::span(one_by_one).subspan(r * row_bytes, row_bytes));
+                   std::span(one_by_one).subspan(r * unit_bytes, unit_bytes));
   }
   EXPECT_EQ(std::memcmp(together.data(), one_by_one.data(), together.size()), 0);
 
   const std::vector<float> decoded = Decode(together);
   for (int r = 0; r < num_rows; ++r) {
     std::vector<float> row(head_dim_);
-    codec_->Decode(std::span(together).subspan(r * row_bytes, row_bytes), row);
+    codec_->Decode(std::span(together).subspan(r * unit_bytes, unit_bytes), row);
     for (int d = 0; d < head_dim_; ++d) {
       EXPECT_EQ(std::bit_cast<uint32_t>(row[d]),
                 std::bit_cast<uint32_t>(decoded[static_cast<size_t>(r) * head_dim_ + d]));

@@ -95,8 +95,8 @@ TestCache BuildCache(const std::vector<float>& k, const std::vector<float>& v, i
   auto make_arena = [&](CodecId codec, const std::vector<float>& data,
                         std::vector<std::byte>& arena, KvArenaView& arena_view) {
     arena_view.codec = codec;
-    arena_view.row_bytes = ElementBytes(codec) * head_dim;
-    arena_view.head_stride = arena_view.row_bytes * block_size;
+    arena_view.unit_bytes = ElementBytes(codec) * head_dim;
+    arena_view.head_stride = arena_view.unit_bytes * block_size;
     arena_view.block_stride = arena_view.head_stride * num_kv_heads;
     arena.assign(arena_view.block_stride * num_physical, std::byte{0xff});
     arena_view.base = arena.data();
@@ -106,7 +106,7 @@ TestCache BuildCache(const std::vector<float>& k, const std::vector<float>& v, i
       for (int h = 0; h < num_kv_heads; ++h) {
         std::byte* dst = arena.data() +
                          arena_view.block_stride * cache.block_table[slot / block_size] +
-                         arena_view.head_stride * h + arena_view.row_bytes * (slot % block_size);
+                         arena_view.head_stride * h + arena_view.unit_bytes * (slot % block_size);
         EncodeRow(codec, &data[(static_cast<size_t>(t) * num_kv_heads + h) * head_dim], head_dim,
                   dst);
       }

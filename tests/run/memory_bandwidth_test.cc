@@ -29,8 +29,8 @@ TEST(MemoryBandwidthTest, DecodeBytesReadCountsKeyAndValueRowsOfEveryHead) {
   view.num_tokens = 100;
   view.num_kv_heads = 8;
   view.head_dim = 64;
-  view.k.row_bytes = 128;  // F16 keys
-  view.v.row_bytes = 256;  // F32 values
+  view.k.unit_bytes = 128;  // F16 keys
+  view.v.unit_bytes = 256;  // F32 values
   EXPECT_EQ(DecodeBytesRead(view), size_t{100} * 8 * (128 + 256));
 }
 

@@ -92,7 +92,7 @@ std::vector<float> ReadArena(const KvLayerView& view, const KvArenaView& arena,
     const int slot = (view.first_slot + i) % view.num_slots();
     const int32_t block_id = view.block_table[slot / view.block_size];
     for (int h = 0; h < view.num_kv_heads; ++h) {
-      codec.Decode({arena.Row(block_id, slot % view.block_size, h), arena.row_bytes},
+      codec.Decode({arena.Row(block_id, slot % view.block_size, h), arena.unit_bytes},
                    std::span(out).subspan((i * kNumKvHeads + h) * kHeadDim, kHeadDim));
     }
   }
@@ -153,7 +153,7 @@ TEST_P(KvCacheLayoutTest, DifferentKeyAndValueCodecs) {
   const KvLayerView view = cache->View(seq_id, 1);
   EXPECT_EQ(view.k.codec, CodecId::kF16);
   EXPECT_EQ(view.v.codec, CodecId::kBF16);
-  EXPECT_EQ(view.k.row_bytes, 2u * kHeadDim);
+  EXPECT_EQ(view.k.unit_bytes, 2u * kHeadDim);
   ExpectContents(*cache, seq_id, history);
 }
 
