@@ -87,6 +87,10 @@ class Codec {
 absl::StatusOr<std::unique_ptr<Codec>> CreateCodec(std::string_view name, int head_dim,
                                                    CodecRole role = CodecRole::kKey);
 
+// Checks a codec name and its options without a head_dim (for validating configurations
+// before the model is known); CreateCodec still checks what depends on head_dim.
+absl::Status CheckCodecName(std::string_view name);
+
 // Every codec base name CreateCodec accepts, in a stable order (options not shown).
 std::vector<std::string> CodecNames();
 
