@@ -1,0 +1,243 @@
+// Calibration statistics of keys and values: running moments per (layer, kv head, kind),
+// turned into principal components with a Jacobi eigen-solver (head_dim is at most a few
+// hundred, where Jacobi is simple, exact and fast enough), and a versioned file keyed to the
+// model so a profile can never be applied to the wrong weights.
+#include "kvstack/kv_profile.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+
+#include "absl/strings/str_format.h"
+#include "kvstack/check.h"
+
+namespace kvstack {
+namespace {
+
+constexpr char kMagic[8] = {'K', 'V', 'S', 'P', 'R', 'O', 'F', '\0'};
+constexpr int kMaxHeadDim = 4096;
+
+}  // namespace
+
+void SymmetricEigen(std::vector<double> a, int n, std::vector<double>* values,
+                    std::vector<double>* vectors) {
+  std::vector<double> v(static_cast<size_t>(n) * n, 0.0);
+  for (int i = 0; i < n; ++i) v[static_cast<size_t>(i) * n + i] = 1.0;
+  auto at = [n](std::vector<double>& m, int r, int c) -> double& {
+    return m[static_cast<size_t>(r) * n + c];
+  };
+  for (int sweep = 0; sweep < 100; ++sweep) {
+    double off = 0;
+    double diag = 0;
+    for (int r = 0; r < n; ++r) {
+      diag += at(a, r, r) * at(a, r, r);
+      for (int c = r + 1; c < n; ++c) off += at(a, r, c) * at(a, r, c);
+    }
+    if (off <= 1e-30 * std::max(diag, 1e-300)) break;
+    for (int p = 0; p < n; ++p) {
+      for (int q = p + 1; q < n; ++q) {
+        const double apq = at(a, p, q);
+        if (apq == 0.0) continue;
+        // Rotation that zeroes a[p][q] (Numerical Recipes' stable form).
+        const double theta = (at(a, q, q) - at(a, p, p)) / (2.0 * apq);
+        const double t =
+            (theta >= 0 ? 1.0 : -1.0) / (std::fabs(theta) + std::sqrt(theta * theta + 1.0));
+        const double c = 1.0 / std::sqrt(t * t + 1.0);
+        const double s = t * c;
+        for (int k = 0; k < n; ++k) {
+          const double akp = at(a, k, p);
+          const double akq = at(a, k, q);
+          at(a, k, p) = c * akp - s * akq;
+          at(a, k, q) = s * akp + c * akq;
+        }
+        for (int k = 0; k < n; ++k) {
+          const double apk = at(a, p, k);
+          const double aqk = at(a, q, k);
+          at(a, p, k) = c * apk - s * aqk;
+          at(a, q, k) = s * apk + c * aqk;
+        }
+        for (int k = 0; k < n; ++k) {
+          const double vkp = at(v, k, p);
+          const double vkq = at(v, k, q);
+          at(v, k, p) = c * vkp - s * vkq;
+          at(v, k, q) = s * vkp + c * vkq;
+        }
+      }
+    }
+  }
+  std::vector<int> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int x, int y) { return at(a, x, x) > at(a, y, y); });
+  values->assign(n, 0.0);
+  vectors->assign(static_cast<size_t>(n) * n, 0.0);
+  for (int j = 0; j < n; ++j) {
+    (*values)[j] = at(a, order[j], order[j]);
+    for (int k = 0; k < n; ++k) {
+      (*vectors)[static_cast<size_t>(j) * n + k] = at(v, k, order[j]);  // column -> row
+    }
+  }
+}
+
+double HeadComponents::EnergyRetained(int rank) const {
+  const double total = std::accumulate(eigenvalues.begin(), eigenvalues.end(), 0.0);
+  if (total <= 0) return 1.0;
+  rank = std::clamp(rank, 0, static_cast<int>(eigenvalues.size()));
+  return std::accumulate(eigenvalues.begin(), eigenvalues.begin() + rank, 0.0) / total;
+}
+
+int HeadComponents::RankForEnergy(double fraction) const {
+  const int n = static_cast<int>(eigenvalues.size());
+  for (int r = 1; r <= n; ++r) {
+    if (EnergyRetained(r) >= fraction - 1e-12) return r;
+  }
+  return n;
+}
+
+KvProfile::KvProfile(uint64_t model_hash, int num_layers, int num_kv_heads, int head_dim)
+    : model_hash_(model_hash),
+      num_layers_(num_layers),
+      num_kv_heads_(num_kv_heads),
+      head_dim_(head_dim) {
+  KVS_CHECK(num_layers > 0 && num_kv_heads > 0 && head_dim > 0 && head_dim <= kMaxHeadDim);
+  const size_t n = static_cast<size_t>(num_layers) * num_kv_heads * 2;
+  counts_.assign(n, 0);
+  sums_.assign(n, std::vector<double>(head_dim, 0.0));
+  products_.assign(n, std::vector<double>(static_cast<size_t>(head_dim) * head_dim, 0.0));
+  components_.resize(n);
+}
+
+size_t KvProfile::Index(int layer_idx, int kv_head, KvKind kind) const {
+  KVS_CHECK(layer_idx >= 0 && layer_idx < num_layers_ && kv_head >= 0 && kv_head < num_kv_heads_);
+  return (static_cast<size_t>(layer_idx) * num_kv_heads_ + kv_head) * 2 + static_cast<size_t>(kind);
+}
+
+void KvProfile::Accumulate(int layer_idx, KvKind kind, std::span<const float> rows) {
+  const size_t row_width = static_cast<size_t>(num_kv_heads_) * head_dim_;
+  KVS_CHECK(rows.size() % row_width == 0);
+  const size_t num_tokens = rows.size() / row_width;
+  for (int h = 0; h < num_kv_heads_; ++h) {
+    const size_t idx = Index(layer_idx, h, kind);
+    std::vector<double>& sum = sums_[idx];
+    std::vector<double>& prod = products_[idx];
+    for (size_t t = 0; t < num_tokens; ++t) {
+      const float* x = rows.data() + t * row_width + static_cast<size_t>(h) * head_dim_;
+      if (!std::all_of(x, x + head_dim_, [](float f) { return std::isfinite(f); })) continue;
+      ++counts_[idx];
+      for (int i = 0; i < head_dim_; ++i) {
+        sum[i] += x[i];
+        double* row = prod.data() + static_cast<size_t>(i) * head_dim_;
+        for (int j = i; j < head_dim_; ++j) row[j] += static_cast<double>(x[i]) * x[j];
+      }
+    }
+  }
+}
+
+absl::Status KvProfile::Finalize() {
+  const int n = head_dim_;
+  for (size_t idx = 0; idx < components_.size(); ++idx) {
+    if (counts_[idx] == 0) {
+      return absl::FailedPreconditionError("calibrate: no key/value rows were accumulated");
+    }
+    const double count = static_cast<double>(counts_[idx]);
+    HeadComponents& out = components_[idx];
+    out.mean.resize(n);
+    for (int i = 0; i < n; ++i) out.mean[i] = sums_[idx][i] / count;
+    std::vector<double> cov(static_cast<size_t>(n) * n);
+    for (int i = 0; i < n; ++i) {
+      for (int j = i; j < n; ++j) {
+        const double c =
+            products_[idx][static_cast<size_t>(i) * n + j] / count - out.mean[i] * out.mean[j];
+        cov[static_cast<size_t>(i) * n + j] = c;
+        cov[static_cast<size_t>(j) * n + i] = c;
+      }
+    }
+    SymmetricEigen(std::move(cov), n, &out.eigenvalues, &out.basis);
+    // A covariance is positive semi-definite; rounding may leave tiny negative values.
+    for (double& value : out.eigenvalues) value = std::max(0.0, value);
+  }
+  return absl::OkStatus();
+}
+
+const HeadComponents& KvProfile::components(int layer_idx, int kv_head, KvKind kind) const {
+  return components_[Index(layer_idx, kv_head, kind)];
+}
+
+absl::Status KvProfile::Save(const std::string& path) const {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return absl::PermissionDeniedError(absl::StrFormat("cannot write '%s'", path));
+  auto put = [&](const void* p, size_t n) { out.write(static_cast<const char*>(p), n); };
+  const uint32_t shape[4] = {kVersion, static_cast<uint32_t>(num_layers_),
+                             static_cast<uint32_t>(num_kv_heads_),
+                             static_cast<uint32_t>(head_dim_)};
+  put(kMagic, sizeof(kMagic));
+  put(&shape[0], 4);
+  put(&model_hash_, 8);
+  put(&shape[1], 12);
+  put(&tokens_seen_, 8);
+  for (const HeadComponents& c : components_) {
+    put(c.mean.data(), c.mean.size() * 8);
+    put(c.eigenvalues.data(), c.eigenvalues.size() * 8);
+    put(c.basis.data(), c.basis.size() * 8);
+  }
+  out.close();
+  if (!out) return absl::DataLossError(absl::StrFormat("writing '%s' failed", path));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<KvProfile> KvProfile::Load(const std::string& path, uint64_t model_hash,
+                                          int num_layers, int num_kv_heads, int head_dim) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrFormat("cannot open profile '%s'", path));
+  auto get = [&](void* p, size_t n) {
+    return static_cast<bool>(in.read(static_cast<char*>(p), n));
+  };
+  char magic[8];
+  uint32_t version = 0;
+  uint64_t hash = 0;
+  uint32_t shape[3] = {0, 0, 0};
+  uint64_t tokens = 0;
+  if (!get(magic, 8) || std::memcmp(magic, kMagic, 8) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("'%s' is not a kvstack profile (bad magic)", path));
+  }
+  if (!get(&version, 4) || version != kVersion) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "profile '%s' has version %u; this kvstack reads version %u", path, version, kVersion));
+  }
+  if (!get(&hash, 8) || !get(shape, 12) || !get(&tokens, 8)) {
+    return absl::InvalidArgumentError(absl::StrFormat("profile '%s' is truncated", path));
+  }
+  if (hash != model_hash) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "profile '%s' was calibrated on another model (content hash %016x, this model %016x)", path,
+        hash, model_hash));
+  }
+  if (shape[0] != static_cast<uint32_t>(num_layers) ||
+      shape[1] != static_cast<uint32_t>(num_kv_heads) ||
+      shape[2] != static_cast<uint32_t>(head_dim)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "profile '%s' has shape %u layers x %u kv heads x %u dims; the model has %d x %d x %d",
+        path, shape[0], shape[1], shape[2], num_layers, num_kv_heads, head_dim));
+  }
+  KvProfile profile(hash, num_layers, num_kv_heads, head_dim);
+  profile.tokens_seen_ = tokens;
+  const size_t n = head_dim;
+  for (HeadComponents& c : profile.components_) {
+    c.mean.resize(n);
+    c.eigenvalues.resize(n);
+    c.basis.resize(n * n);
+    if (!get(c.mean.data(), n * 8) || !get(c.eigenvalues.data(), n * 8) ||
+        !get(c.basis.data(), n * n * 8)) {
+      return absl::InvalidArgumentError(absl::StrFormat("profile '%s' is truncated", path));
+    }
+  }
+  if (in.peek() != std::char_traits<char>::eof()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("profile '%s' has trailing bytes after its components", path));
+  }
+  return profile;
+}
+
+}  // namespace kvstack

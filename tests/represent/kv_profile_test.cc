@@ -1,0 +1,120 @@
+// KvProfile: the eigen-solver against known spectra, PCA of synthetic data with a known
+// covariance, energy/rank queries, and the file format (round trip, foreign model refused,
+// corruption caught).
+#include "kvstack/kv_profile.h"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <random>
+
+#include "gtest/gtest.h"
+
+namespace kvstack {
+namespace {
+
+TEST(SymmetricEigen, DiagonalAndRotatedMatrices) {
+  std::vector<double> values, vectors;
+  SymmetricEigen({2, 0, 0, 0, 5, 0, 0, 0, 1}, 3, &values, &vectors);
+  EXPECT_NEAR(values[0], 5, 1e-12);
+  EXPECT_NEAR(values[1], 2, 1e-12);
+  EXPECT_NEAR(values[2], 1, 1e-12);
+  EXPECT_NEAR(std::fabs(vectors[1]), 1, 1e-12);  // first row = e1
+  // [[2,1],[1,2]]: eigenvalues 3 and 1, eigenvectors (1,1)/sqrt2 and (1,-1)/sqrt2.
+  SymmetricEigen({2, 1, 1, 2}, 2, &values, &vectors);
+  EXPECT_NEAR(values[0], 3, 1e-12);
+  EXPECT_NEAR(values[1], 1, 1e-12);
+  EXPECT_NEAR(std::fabs(vectors[0]), std::sqrt(0.5), 1e-12);
+  EXPECT_NEAR(vectors[0] * vectors[1], 0.5, 1e-12);
+}
+
+TEST(SymmetricEigen, ReconstructsARandomMatrix) {
+  const int n = 16;
+  std::mt19937 rng(1);
+  std::normal_distribution<double> normal;
+  std::vector<double> a(n * n);
+  for (int i = 0; i < n; ++i) {
+    for (int j = i; j < n; ++j) a[i * n + j] = a[j * n + i] = normal(rng);
+  }
+  std::vector<double> values, vectors;
+  SymmetricEigen(a, n, &values, &vectors);
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) {
+      double sum = 0;
+      for (int k = 0; k < n; ++k) sum += vectors[k * n + i] * values[k] * vectors[k * n + j];
+      EXPECT_NEAR(sum, a[i * n + j], 1e-9);
+    }
+  }
+}
+
+// Rows with independent channels of known variances, offset by a known mean.
+KvProfile SyntheticProfile() {
+  KvProfile profile(0x1234, 2, 2, 4);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  const float stddev[4] = {4, 2, 1, 0.5f};
+  std::vector<float> rows;
+  for (int t = 0; t < 20000; ++t) {
+    for (int h = 0; h < 2; ++h) {
+      for (int c = 0; c < 4; ++c) rows.push_back(10.0f * h + stddev[c] * normal(rng));
+    }
+  }
+  for (int l = 0; l < 2; ++l) {
+    profile.Accumulate(l, KvKind::kKey, rows);
+    profile.Accumulate(l, KvKind::kValue, rows);
+  }
+  profile.AddTokens(20000);
+  EXPECT_TRUE(profile.Finalize().ok());
+  return profile;
+}
+
+TEST(KvProfile, RecoversKnownVariancesMeansAndEnergy) {
+  const KvProfile profile = SyntheticProfile();
+  const HeadComponents& c = profile.components(1, 1, KvKind::kValue);
+  EXPECT_NEAR(c.mean[0], 10.0, 0.1);
+  EXPECT_NEAR(c.eigenvalues[0], 16.0, 0.5);
+  EXPECT_NEAR(c.eigenvalues[3], 0.25, 0.02);
+  EXPECT_NEAR(std::fabs(c.basis[0]), 1.0, 0.01);  // the first direction is channel 0
+  const double total = 16 + 4 + 1 + 0.25;
+  EXPECT_NEAR(c.EnergyRetained(2), 20 / total, 0.01);
+  EXPECT_EQ(c.RankForEnergy(0.5), 1);
+  EXPECT_EQ(c.RankForEnergy(0.9), 2);
+  EXPECT_EQ(c.RankForEnergy(1.0), 4);
+}
+
+TEST(KvProfile, FinalizeWithoutDataIsAnError) {
+  KvProfile profile(1, 1, 1, 4);
+  EXPECT_EQ(profile.Finalize().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(KvProfile, FileRoundTripAndRefusals) {
+  const KvProfile profile = SyntheticProfile();
+  const std::string path = testing::TempDir() + "/p.kvsprof";
+  ASSERT_TRUE(profile.Save(path).ok());
+  auto loaded = KvProfile::Load(path, 0x1234, 2, 2, 4);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->tokens_seen(), 20000u);
+  EXPECT_EQ(loaded->components(1, 0, KvKind::kKey).basis,
+            profile.components(1, 0, KvKind::kKey).basis);
+
+  auto foreign = KvProfile::Load(path, 0x9999, 2, 2, 4);
+  ASSERT_FALSE(foreign.ok());
+  EXPECT_NE(std::string(foreign.status().message()).find("another model"), std::string::npos);
+  auto shape = KvProfile::Load(path, 0x1234, 3, 2, 4);
+  ASSERT_FALSE(shape.ok());
+  EXPECT_NE(std::string(shape.status().message()).find("shape"), std::string::npos);
+
+  // Truncated and foreign files.
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::ofstream(path + ".cut", std::ios::binary) << bytes.substr(0, bytes.size() - 9);
+  auto cut = KvProfile::Load(path + ".cut", 0x1234, 2, 2, 4);
+  ASSERT_FALSE(cut.ok());
+  EXPECT_NE(std::string(cut.status().message()).find("truncated"), std::string::npos);
+  std::ofstream(path + ".bad", std::ios::binary) << "GGUF and then some";
+  EXPECT_FALSE(KvProfile::Load(path + ".bad", 0x1234, 2, 2, 4).ok());
+  EXPECT_FALSE(KvProfile::Load(path + ".missing", 0x1234, 2, 2, 4).ok());
+}
+
+}  // namespace
+}  // namespace kvstack
