@@ -46,6 +46,7 @@ enum class CodecId : uint16_t {
   kQ4Absmax = 8,
   kKivi4 = 9,
   kKivi2 = 10,
+  kLowRank = 11,  // rank-r coordinates in a calibrated per-(layer, kv head) PCA basis
 };
 
 // Whether a codec stores keys or values (KIVI quantises them along different axes).
@@ -78,6 +79,17 @@ class Codec {
   virtual void Encode(std::span<const float> src, std::span<std::byte> dst) const = 0;
   // src: [num_units, unit_bytes()] bytes; dst: [num_units * group_tokens(), head_dim] floats.
   virtual void Decode(std::span<const std::byte> src, std::span<float> dst) const = 0;
+
+  // The same for the rows of one kv head, for codecs whose parameters differ per head (the
+  // low-rank codec's bases). Callers that know the head use these; the default ignores it.
+  virtual void EncodeHead(int kv_head, std::span<const float> src,
+                          std::span<std::byte> dst) const {
+    Encode(src, dst);
+  }
+  virtual void DecodeHead(int kv_head, std::span<const std::byte> src,
+                          std::span<float> dst) const {
+    Decode(src, dst);
+  }
 };
 
 // Creates the codec called `name` (see the grammar above) for rows of `head_dim` elements in
