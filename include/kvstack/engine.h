@@ -112,6 +112,12 @@ absl::StatusOr<GenerateStats> Generate(Engine& engine, std::span<const TokenId> 
 struct PerplexityOptions {
   int ctx = 512;  // window length in tokens, BOS first; >= 4
   int batch = 0;  // tokens per forward call within a window; 0 = ctx
+  // Windows to run from the start of the text; 0 = every whole window. Default: 0.
+  int max_windows = 0;
+  // Called after each window with the logits of all its positions (position j predicts
+  // token j + 1 of the window); the span is valid only during the call. Default: none.
+  std::function<void(int window_idx, std::span<const float> logits /*[ctx, vocab]*/)>
+      on_window_logits;
 };
 
 struct PerplexityResult {

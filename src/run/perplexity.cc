@@ -31,12 +31,17 @@ absl::StatusOr<PerplexityResult> Perplexity(Engine& engine, std::span<const Toke
     return absl::InvalidArgumentError(
         absl::StrFormat("perplexity: --batch must be >= 1, got %d", options.batch));
   }
-  const int num_windows = static_cast<int>(tokens.size() / options.ctx);
+  if (options.max_windows < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "perplexity: --max-windows must be >= 0 (0 = all), got %d", options.max_windows));
+  }
+  int num_windows = static_cast<int>(tokens.size() / options.ctx);
   if (num_windows == 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("perplexity: the text has %d tokens, fewer than one window of --ctx %d",
                         tokens.size(), options.ctx));
   }
+  if (options.max_windows > 0) num_windows = std::min(num_windows, options.max_windows);
   const int ctx = options.ctx;
   const int batch = options.batch == 0 ? ctx : options.batch;
   const int first = ctx / 2;
@@ -66,6 +71,7 @@ absl::StatusOr<PerplexityResult> Perplexity(Engine& engine, std::span<const Toke
                 logits.begin() + static_cast<size_t>(b) * vocab);
     }
     KVS_RETURN_IF_ERROR(engine.FreeSequence(seq_id));
+    if (options.on_window_logits) options.on_window_logits(w, logits);
     for (int j = first; j < ctx - 1; ++j) {
       const double nll = NegativeLogLikelihood(
           std::span<const float>(logits).subspan(static_cast<size_t>(j) * vocab, vocab),
