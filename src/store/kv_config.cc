@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <fstream>
 #include <limits>
 #include <span>
@@ -23,12 +24,16 @@ namespace {
 
 constexpr int kMaxBlockSize = 65536;
 constexpr int kMaxSequences = 4096;
+constexpr int kMaxSinkTokens = 65536;
 
 constexpr std::array<std::string_view, 3> kLayoutNames = {"contiguous", "paged", "ring"};
 
-// Every key a config file may set, in the order ToString prints the fields.
-constexpr std::array<std::string_view, 7> kConfigKeys = {
-    "layout", "block_size", "k_codec", "v_codec", "capacity", "max_sequences", "policy"};
+// Every key a config file may set, in the order ToString prints the fields. "layer" is the
+// table of per-layer codec overrides: [kv.layer.N] k_codec = ..., v_codec = ...
+constexpr std::array<std::string_view, 10> kConfigKeys = {
+    "layout",        "block_size", "k_codec",     "v_codec",       "capacity",
+    "max_sequences", "policy",     "sink_tokens", "hadamard_keys", "layer"};
+constexpr std::array<std::string_view, 2> kLayerKeys = {"k_codec", "v_codec"};
 
 // absl::StrCat/StrJoin take absl::string_view, which in Debian's absl build is not
 // std::string_view; names are copied into std::string at that boundary.
@@ -49,6 +54,16 @@ absl::Status CheckName(std::string_view field, std::string_view value,
                    "' is unknown; allowed: ", absl::StrJoin(allowed, ", ")));
 }
 
+// A codec name, checked by the codec layer's grammar (options included); the error names the
+// field as well.
+absl::Status CheckCodecField(std::string_view field, std::string_view name) {
+  const absl::Status status = CheckCodecName(name);
+  if (status.ok()) return status;
+  return absl::InvalidArgumentError(absl::StrCat("kv config: ", std::string(field), " '",
+                                                 std::string(name),
+                                                 "' is invalid: ", status.message()));
+}
+
 absl::Status TypeError(std::string_view key, std::string_view expected) {
   return absl::InvalidArgumentError(
       absl::StrCat("kv config: key '", std::string(key), "' must be ", std::string(expected)));
@@ -57,6 +72,11 @@ absl::Status TypeError(std::string_view key, std::string_view expected) {
 absl::StatusOr<std::string> GetString(std::string_view key, const toml::node& node) {
   if (!node.is_string()) return TypeError(key, "a string");
   return node.as_string()->get();
+}
+
+absl::StatusOr<bool> GetBool(std::string_view key, const toml::node& node) {
+  if (!node.is_boolean()) return TypeError(key, "a boolean");
+  return *node.value<bool>();
 }
 
 absl::StatusOr<int64_t> GetInt(std::string_view key, const toml::node& node) {
@@ -75,6 +95,41 @@ absl::StatusOr<int> GetInt32(std::string_view key, const toml::node& node) {
   return static_cast<int>(value);
 }
 
+// Parses the [layer] table: one sub-table per layer index, each with k_codec and/or v_codec.
+absl::Status ApplyLayerTable(const toml::node& node, KvConfig* config) {
+  const toml::table* layers = node.as_table();
+  if (layers == nullptr) return TypeError("layer", "a table of [layer.N] tables");
+  for (const auto& [index_key, layer_node] : *layers) {
+    const std::string_view index_text = index_key.str();
+    int layer_idx = 0;
+    const char* const text_end = index_text.data() + index_text.size();
+    const auto [parsed_end, error] = std::from_chars(index_text.data(), text_end, layer_idx);
+    if (index_text.empty() || error != std::errc() || parsed_end != text_end || layer_idx < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("kv config: [layer.", std::string(index_text),
+                       "] is not a layer index; allowed: [layer.N] with N an integer >= 0"));
+    }
+    const std::string table_name = absl::StrCat("layer.", layer_idx);
+    const toml::table* entry_table = layer_node.as_table();
+    if (entry_table == nullptr) return TypeError(table_name, "a table");
+    KvConfig::LayerCodecs entry;
+    entry.layer_idx = layer_idx;
+    for (const auto& [key, value] : *entry_table) {
+      const std::string full_key = absl::StrCat(table_name, ".", std::string(key.str()));
+      if (key.str() == "k_codec") {
+        KVS_ASSIGN_OR_RETURN(entry.k_codec, GetString(full_key, value));
+      } else if (key.str() == "v_codec") {
+        KVS_ASSIGN_OR_RETURN(entry.v_codec, GetString(full_key, value));
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat("kv config: unknown key '", full_key,
+                                                       "'; allowed: ", JoinNames(kLayerKeys)));
+      }
+    }
+    config->layer_codecs.push_back(std::move(entry));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ApplyKey(std::string_view key, const toml::node& node, KvConfig* config) {
   if (key == "layout") {
     KVS_ASSIGN_OR_RETURN(const std::string name, GetString(key, node));
@@ -91,6 +146,12 @@ absl::Status ApplyKey(std::string_view key, const toml::node& node, KvConfig* co
     KVS_ASSIGN_OR_RETURN(config->max_sequences, GetInt32(key, node));
   } else if (key == "policy") {
     KVS_ASSIGN_OR_RETURN(config->policy, GetString(key, node));
+  } else if (key == "sink_tokens") {
+    KVS_ASSIGN_OR_RETURN(config->sink_tokens, GetInt32(key, node));
+  } else if (key == "hadamard_keys") {
+    KVS_ASSIGN_OR_RETURN(config->hadamard_keys, GetBool(key, node));
+  } else if (key == "layer") {
+    KVS_RETURN_IF_ERROR(ApplyLayerTable(node, config));
   } else {
     return absl::InvalidArgumentError(absl::StrCat("kv config: unknown key '", std::string(key),
                                                    "'; allowed: ", JoinNames(kConfigKeys),
@@ -151,10 +212,33 @@ absl::StatusOr<LayoutKind> ParseLayout(std::string_view name) {
       absl::StrCat("unknown layout '", std::string(name), "'; allowed: ", JoinNames(kLayoutNames)));
 }
 
+// An override that leaves a codec empty keeps the default; this is where that is decided.
+const std::string& KvConfig::KCodecOf(int layer_idx) const {
+  for (const LayerCodecs& entry : layer_codecs) {
+    if (entry.layer_idx == layer_idx && !entry.k_codec.empty()) return entry.k_codec;
+  }
+  return k_codec;
+}
+
+const std::string& KvConfig::VCodecOf(int layer_idx) const {
+  for (const LayerCodecs& entry : layer_codecs) {
+    if (entry.layer_idx == layer_idx && !entry.v_codec.empty()) return entry.v_codec;
+  }
+  return v_codec;
+}
+
+// The additions print only when set, so the lines of earlier reports stay comparable.
 std::string KvConfig::ToString() const {
-  return absl::StrCat("layout=", std::string(LayoutName(layout)), " block_size=", block_size,
-                      " k=", k_codec, " v=", v_codec, " capacity=", capacity,
-                      " max_sequences=", max_sequences, " policy=", policy);
+  std::string out = absl::StrCat(
+      "layout=", std::string(LayoutName(layout)), " block_size=", block_size, " k=", k_codec,
+      " v=", v_codec, " capacity=", capacity, " max_sequences=", max_sequences, " policy=", policy);
+  if (sink_tokens > 0) absl::StrAppend(&out, " sinks=", sink_tokens);
+  if (hadamard_keys) absl::StrAppend(&out, " hadamard");
+  for (const LayerCodecs& entry : layer_codecs) {
+    absl::StrAppend(&out, " layer.", entry.layer_idx, "=", KCodecOf(entry.layer_idx), "/",
+                    VCodecOf(entry.layer_idx));
+  }
+  return out;
 }
 
 absl::Status ValidateKvConfig(const KvConfig& config) {
@@ -168,9 +252,8 @@ absl::Status ValidateKvConfig(const KvConfig& config) {
                                                    " is out of range; allowed: 1..",
                                                    kMaxBlockSize));
   }
-  const std::vector<std::string> codecs = CodecNames();
-  KVS_RETURN_IF_ERROR(CheckName("k_codec", config.k_codec, codecs));
-  KVS_RETURN_IF_ERROR(CheckName("v_codec", config.v_codec, codecs));
+  KVS_RETURN_IF_ERROR(CheckCodecField("k_codec", config.k_codec));
+  KVS_RETURN_IF_ERROR(CheckCodecField("v_codec", config.v_codec));
   if (config.capacity < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("kv config: capacity ", config.capacity,
@@ -182,6 +265,31 @@ absl::Status ValidateKvConfig(const KvConfig& config) {
                      " is out of range; allowed: 1..", kMaxSequences));
   }
   KVS_RETURN_IF_ERROR(CheckName("policy", config.policy, PolicyNames()));
+  if (config.sink_tokens < 0 || config.sink_tokens > kMaxSinkTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("kv config: sink_tokens ", config.sink_tokens,
+                                                   " is out of range; allowed: 0..",
+                                                   kMaxSinkTokens));
+  }
+  // layer_idx < num_layers is checked by KvCache::Create, the first place the model is known.
+  std::vector<int> seen_layers;
+  for (const KvConfig::LayerCodecs& entry : config.layer_codecs) {
+    const std::string field = absl::StrCat("layer_codecs[layer ", entry.layer_idx, "]");
+    if (entry.layer_idx < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kv config: ", field, " has a negative layer index; allowed: layer_idx >= 0"));
+    }
+    if (std::find(seen_layers.begin(), seen_layers.end(), entry.layer_idx) != seen_layers.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("kv config: layer ", entry.layer_idx,
+                                                     " has two codec overrides; allowed: one"));
+    }
+    seen_layers.push_back(entry.layer_idx);
+    if (!entry.k_codec.empty()) {
+      KVS_RETURN_IF_ERROR(CheckCodecField(absl::StrCat(field, ".k_codec"), entry.k_codec));
+    }
+    if (!entry.v_codec.empty()) {
+      KVS_RETURN_IF_ERROR(CheckCodecField(absl::StrCat(field, ".v_codec"), entry.v_codec));
+    }
+  }
   return absl::OkStatus();
 }
 

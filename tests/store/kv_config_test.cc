@@ -16,6 +16,14 @@ using ::testing::HasSubstr;
 
 std::string Message(const absl::Status& status) { return std::string(status.message()); }
 
+KvConfig::LayerCodecs Override(int layer_idx, std::string k_codec, std::string v_codec) {
+  KvConfig::LayerCodecs entry;
+  entry.layer_idx = layer_idx;
+  entry.k_codec = std::move(k_codec);
+  entry.v_codec = std::move(v_codec);
+  return entry;
+}
+
 TEST(KvConfigTest, ToStringNamesEveryField) {
   KvConfig config;
   config.capacity = 512;
@@ -51,14 +59,28 @@ TEST(KvConfigTest, ValidationNamesFieldAndAllowedValues) {
   const Case cases[] = {
       {[](KvConfig* c) { c->block_size = 0; }, "block_size 0 is out of range; allowed: 1..65536"},
       {[](KvConfig* c) { c->block_size = 65537; }, "block_size 65537"},
-      {[](KvConfig* c) { c->k_codec = "int4x"; }, "k_codec 'int4x' is unknown; allowed: f32"},
-      {[](KvConfig* c) { c->v_codec = ""; }, "v_codec '' is unknown"},
+      {[](KvConfig* c) { c->k_codec = "int4x"; }, "k_codec 'int4x' is invalid"},
+      {[](KvConfig* c) { c->k_codec = "int4x"; }, "allowed: f32"},
+      {[](KvConfig* c) { c->v_codec = ""; }, "v_codec '' is invalid"},
       {[](KvConfig* c) { c->capacity = -1; }, "capacity -1 is negative"},
       {[](KvConfig* c) { c->max_sequences = 0; },
        "max_sequences 0 is out of range; allowed: 1..4096"},
       {[](KvConfig* c) { c->max_sequences = 4097; }, "max_sequences 4097"},
       {[](KvConfig* c) { c->policy = "none"; }, "policy 'none' is unknown; allowed: full"},
       {[](KvConfig* c) { c->layout = static_cast<LayoutKind>(7); }, "layout value 7 is invalid"},
+      {[](KvConfig* c) { c->sink_tokens = -1; },
+       "sink_tokens -1 is out of range; allowed: 0..65536"},
+      {[](KvConfig* c) { c->sink_tokens = 65537; }, "sink_tokens 65537"},
+      {[](KvConfig* c) { c->layer_codecs = {Override(-1, "f32", "")}; },
+       "layer_codecs[layer -1] has a negative layer index; allowed: layer_idx >= 0"},
+      {[](KvConfig* c) {
+         c->layer_codecs = {Override(2, "f32", ""), Override(2, "", "f32")};
+       },
+       "layer 2 has two codec overrides; allowed: one"},
+      {[](KvConfig* c) { c->layer_codecs = {Override(1, "", "f17")}; },
+       "layer_codecs[layer 1].v_codec 'f17' is invalid"},
+      {[](KvConfig* c) { c->layer_codecs = {Override(0, "x", "")}; },
+       "layer_codecs[layer 0].k_codec 'x' is invalid"},
   };
   for (const Case& c : cases) {
     KvConfig config;
@@ -71,7 +93,32 @@ TEST(KvConfigTest, ValidationNamesFieldAndAllowedValues) {
   edge.block_size = 65536;
   edge.max_sequences = 4096;
   edge.capacity = 0;
+  edge.sink_tokens = 65536;
+  edge.layer_codecs = {Override(0, "bf16", ""), Override(7, "", "")};
   EXPECT_TRUE(ValidateKvConfig(edge).ok());
+}
+
+TEST(KvConfigTest, LayerOverridesReplaceOnlyWhatTheyName) {
+  KvConfig config;
+  config.k_codec = "f16";
+  config.v_codec = "bf16";
+  config.layer_codecs = {Override(1, "f32", ""), Override(3, "", "f32")};
+  EXPECT_EQ(config.KCodecOf(0), "f16");
+  EXPECT_EQ(config.VCodecOf(0), "bf16");
+  EXPECT_EQ(config.KCodecOf(1), "f32");
+  EXPECT_EQ(config.VCodecOf(1), "bf16");
+  EXPECT_EQ(config.KCodecOf(3), "f16");
+  EXPECT_EQ(config.VCodecOf(3), "f32");
+}
+
+TEST(KvConfigTest, ToStringAddsSinksHadamardAndOverridesOnlyWhenSet) {
+  KvConfig config;
+  config.capacity = 64;
+  const std::string plain = config.ToString();
+  config.sink_tokens = 4;
+  config.hadamard_keys = true;
+  config.layer_codecs = {Override(0, "f32", ""), Override(5, "", "bf16")};
+  EXPECT_EQ(config.ToString(), plain + " sinks=4 hadamard layer.0=f32/f16 layer.5=f16/bf16");
 }
 
 TEST(KvConfigTomlTest, TopLevelKeys) {
@@ -116,7 +163,8 @@ TEST(KvConfigTomlTest, UnknownKeyNamesItAndListsAllowed) {
     EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(Message(config.status()),
                 HasSubstr("unknown key 'blocksize'; allowed: layout, block_size, k_codec, "
-                          "v_codec, capacity, max_sequences, policy"));
+                          "v_codec, capacity, max_sequences, policy, sink_tokens, "
+                          "hadamard_keys, layer"));
   }
 }
 
@@ -133,6 +181,14 @@ TEST(KvConfigTomlTest, WrongTypeNamesKeyAndExpectedType) {
       {"layout = [\"paged\"]", "key 'layout' must be a string"},
       {"policy = 1", "key 'policy' must be a string"},
       {"kv = 3", "key 'kv' must be a table"},
+      {"sink_tokens = \"4\"", "key 'sink_tokens' must be an integer"},
+      {"hadamard_keys = 1", "key 'hadamard_keys' must be a boolean"},
+      {"layer = 1", "key 'layer' must be a table of [layer.N] tables"},
+      {"[kv.layer]\n0 = \"f32\"", "key 'layer.0' must be a table"},
+      {"[kv.layer.0]\nk_codec = 4", "key 'layer.0.k_codec' must be a string"},
+      {"[kv.layer.0]\nkcodec = \"f32\"", "unknown key 'layer.0.kcodec'; allowed: k_codec, v_codec"},
+      {"[kv.layer.x1]\nk_codec = \"f32\"", "[layer.x1] is not a layer index"},
+      {"[kv.layer.-1]\nk_codec = \"f32\"", "[layer.-1] is not a layer index"},
       {"block_size = 9999999999", "key 'block_size' = 9999999999 does not fit"},
   };
   for (const Case& c : cases) {
@@ -148,7 +204,41 @@ TEST(KvConfigTomlTest, ParsedValuesAreValidated) {
   EXPECT_THAT(Message(layout.status()), HasSubstr("unknown layout 'tree'"));
   auto codec = ParseKvConfigToml("v_codec = \"f8\"");
   ASSERT_FALSE(codec.ok());
-  EXPECT_THAT(Message(codec.status()), HasSubstr("v_codec 'f8' is unknown"));
+  EXPECT_THAT(Message(codec.status()), HasSubstr("v_codec 'f8' is invalid"));
+  auto sinks = ParseKvConfigToml("sink_tokens = 70000");
+  ASSERT_FALSE(sinks.ok());
+  EXPECT_THAT(Message(sinks.status()), HasSubstr("sink_tokens 70000 is out of range"));
+  auto layer = ParseKvConfigToml("[kv.layer.3]\nv_codec = \"f8\"");
+  ASSERT_FALSE(layer.ok());
+  EXPECT_THAT(Message(layer.status()), HasSubstr("layer_codecs[layer 3].v_codec 'f8' is invalid"));
+}
+
+TEST(KvConfigTomlTest, SinksHadamardAndLayerTables) {
+  auto config = ParseKvConfigToml(R"(
+[kv]
+k_codec = "f16"
+sink_tokens = 4
+hadamard_keys = true
+[kv.layer.2]
+k_codec = "f32"
+v_codec = "bf16"
+[kv.layer.10]
+v_codec = "f32"
+)");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->sink_tokens, 4);
+  EXPECT_TRUE(config->hadamard_keys);
+  ASSERT_EQ(config->layer_codecs.size(), 2u);
+  EXPECT_EQ(config->KCodecOf(2), "f32");
+  EXPECT_EQ(config->VCodecOf(2), "bf16");
+  EXPECT_EQ(config->KCodecOf(10), "f16");
+  EXPECT_EQ(config->VCodecOf(10), "f32");
+  EXPECT_EQ(config->KCodecOf(0), "f16");
+  // Top level works as for every other key.
+  auto top = ParseKvConfigToml("sink_tokens = 2\n[layer.1]\nk_codec = \"bf16\"\n");
+  ASSERT_TRUE(top.ok()) << top.status();
+  EXPECT_EQ(top->sink_tokens, 2);
+  EXPECT_EQ(top->KCodecOf(1), "bf16");
 }
 
 TEST(KvConfigTomlTest, SyntaxErrorIsAStatusWithLocation) {
