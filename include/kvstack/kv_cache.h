@@ -4,11 +4,25 @@
 // answer, not an error), CommitAppend applies the plan. Then the engine writes the new tokens'
 // rows layer by layer, and attention reads them through View(). Single-threaded by contract,
 // except that View() and Write() of different layers may run concurrently.
+//
+// Codec units: a layer whose codec encodes T > 1 tokens per unit (or whose K and V codecs have
+// different T) keeps the tokens of the unit still filling in an F32 "pending" buffer per
+// sequence and layer; the period P = lcm(Tk, Tv) of a layer is the larger of the two (one must
+// be a multiple of the other). With config.sink_tokens = S the first S tokens of a sequence are
+// also kept in F32 side buffers (and in the arena, so that units stay whole). See kv_view.h
+// for how the three segments are read.
+//
+// Ring with sinks (StreamingLLM's cache): the logical tokens of a ring are the S sinks followed
+// by the most recent (capacity - S) tokens once the ring has wrapped. The ring's slots behind
+// logical [0, S) still receive tokens as usual, but the view reads those positions from the
+// sink buffers, so the tokens written there are dropped. The ring needs one-token units.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "kvstack/block_pool.h"
@@ -27,6 +41,11 @@ struct KvCacheOptions {
   int head_dim = 0;
   // config.capacity must be resolved (> 0) before Create.
   KvConfig config;
+  // Creates each layer's codecs from their names. Tests inject codecs the registry does not
+  // have through it (e.g. a multi-token unit format). Default (empty): CreateCodec.
+  std::function<absl::StatusOr<std::unique_ptr<Codec>>(std::string_view name, int head_dim,
+                                                       CodecRole role)>
+      codec_factory;
 };
 
 // The result of PlanAppend. Pure data: planning changes nothing.
@@ -64,6 +83,9 @@ class KvCache {
 
   // Encodes and stores rows for logical tokens [logical_begin, logical_begin + num_tokens).
   // k, v: [num_tokens, num_kv_heads, head_dim] floats. The range must lie inside the sequence.
+  // Keys are rotated first when config.hadamard_keys is set. A unit is encoded when its last
+  // token is written, from the pending buffer: the tokens of one unit must be written in
+  // order (as appends do), each once.
   void Write(SeqId seq_id, int layer_idx, int logical_begin, std::span<const float> k,
              std::span<const float> v);
 
@@ -72,14 +94,20 @@ class KvCache {
   int NumTokens(SeqId seq_id) const;
 
   const KvConfig& config() const;
-  const Codec& k_codec() const;
-  const Codec& v_codec() const;
+  // The codecs of one layer (after config.layer_codecs overrides).
+  const Codec& k_codec(int layer_idx = 0) const;
+  const Codec& v_codec(int layer_idx = 0) const;
   int num_layers() const;
-  // K + V bytes of one token in all layers and kv heads, at the codecs' sizes.
-  size_t bytes_per_token() const;
+  // K + V bytes of one token in all layers and kv heads at the codecs' sizes: the sum over
+  // layers of num_kv_heads * (k.unit_bytes / Tk + v.unit_bytes / Tv). Fractional when a unit's
+  // bytes do not divide evenly among its tokens. F32 sink and pending buffers not counted.
+  double bytes_per_token() const;
+  // Storage bits per element, averaged over keys and values and all layers.
+  double bits_per_element() const;
   // Bytes of all arenas (allocated up front).
   size_t bytes_reserved() const;
-  // Bytes held by the blocks in use now.
+  // Bytes held by the blocks in use now plus the F32 sink and pending buffers of the live
+  // sequences.
   size_t bytes_in_use() const;
   const BlockPool& pool() const;
 

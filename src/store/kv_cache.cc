@@ -5,17 +5,24 @@
 //   contiguous  one block of `capacity` slots per sequence, taken by AddSequence;
 //   ring        as contiguous, but appends wrap and first_slot moves past the oldest tokens.
 // So the slot arithmetic lives in exactly one place, KvLayerView::ForEachRun, which both the
-// attention kernels and Write() go through.
+// attention kernels and Write() go through. Next to the arenas each sequence has, per layer,
+// F32 side buffers: the sink tokens (config.sink_tokens) and, for codecs whose units hold
+// several tokens, the unit still filling ("pending"); Write() encodes a unit into the arena
+// when its last token arrives.
 #include "kvstack/kv_cache.h"
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <numeric>
+#include <string>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "kvstack/check.h"
+#include "represent/hadamard.h"
 
 namespace kvstack {
 namespace {
@@ -43,25 +50,40 @@ absl::StatusOr<ArenaPtr> AllocateArena(size_t bytes) {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+using CodecFactory = std::function<absl::StatusOr<std::unique_ptr<Codec>>(
+    std::string_view name, int head_dim, CodecRole role)>;
+
 }  // namespace
 
 struct KvCache::Impl {
+  // The F32 side buffers of one sequence in one layer.
+  struct SideBuffers {
+    std::vector<float> sink_k;     // [num_kv_heads][sink_tokens][head_dim]; empty without sinks
+    std::vector<float> sink_v;     // [num_kv_heads][sink_tokens][head_dim]
+    std::vector<float> pending_k;  // [num_kv_heads][period][head_dim]; empty when period == 1
+    std::vector<float> pending_v;  // [num_kv_heads][period][head_dim]
+  };
   struct Sequence {
     std::vector<BlockId> block_table;  // physical blocks in logical order
     int num_tokens = 0;
     int first_slot = 0;  // ring only; 0 for the other layouts
+    // Tokens ever appended: the absolute position of the next token. Equals num_tokens except
+    // in a ring that has wrapped; it tells Write which tokens are sinks.
+    int64_t num_appended = 0;
+    std::vector<SideBuffers> layers;  // [num_layers]
   };
   struct Layer {
+    std::unique_ptr<Codec> k_codec;
+    std::unique_ptr<Codec> v_codec;
+    int period = 1;  // lcm(Tk, Tv) = max(Tk, Tv): tokens held pending until their units fill
+    size_t k_block_stride = 0;
+    size_t v_block_stride = 0;
     ArenaPtr k;
     ArenaPtr v;
   };
 
   KvCacheOptions options;
-  std::unique_ptr<Codec> k_codec;
-  std::unique_ptr<Codec> v_codec;
   int block_size = 0;  // slots per block: config.block_size (paged) or capacity (others)
-  size_t k_block_stride = 0;
-  size_t v_block_stride = 0;
   BlockPool pool;
   std::vector<Layer> layers;
   absl::flat_hash_map<SeqId, Sequence> sequences;
@@ -72,30 +94,64 @@ struct KvCache::Impl {
   explicit Impl(int32_t num_blocks) : pool(num_blocks) {}
 
   bool paged() const { return options.config.layout == LayoutKind::kPaged; }
+  int sink_tokens() const { return options.config.sink_tokens; }
 
   const Sequence& Seq(SeqId seq_id) const {
     auto it = sequences.find(seq_id);
     KVS_CHECK(it != sequences.end());
     return it->second;
   }
+  Sequence& MutableSeq(SeqId seq_id) {
+    auto it = sequences.find(seq_id);
+    KVS_CHECK(it != sequences.end());
+    return it->second;
+  }
 
   KvArenaView ArenaView(const ArenaPtr& arena, const Codec& codec, size_t block_stride) const {
-    return KvArenaView{.base = arena.get(),
-                       .block_stride = block_stride,
-                       .head_stride = static_cast<size_t>(block_size) * codec.unit_bytes(),
-                       .unit_bytes = codec.unit_bytes(),
-                       .group_tokens = codec.group_tokens(),
-                       .codec = codec.id(),
-                       .codec_impl = &codec};
+    return KvArenaView{
+        .base = arena.get(),
+        .block_stride = block_stride,
+        .head_stride = static_cast<size_t>(block_size / codec.group_tokens()) * codec.unit_bytes(),
+        .unit_bytes = codec.unit_bytes(),
+        .group_tokens = codec.group_tokens(),
+        .codec = codec.id(),
+        .codec_impl = &codec};
+  }
+
+  // Empty side buffers of the right sizes for a new sequence.
+  std::vector<SideBuffers> NewSideBuffers() const {
+    const size_t row_floats = static_cast<size_t>(options.num_kv_heads) * options.head_dim;
+    std::vector<SideBuffers> side(layers.size());
+    for (size_t layer_idx = 0; layer_idx < layers.size(); ++layer_idx) {
+      const size_t sink_floats = row_floats * sink_tokens();
+      side[layer_idx].sink_k.resize(sink_floats);
+      side[layer_idx].sink_v.resize(sink_floats);
+      const int period = layers[layer_idx].period;
+      if (period > 1) {
+        side[layer_idx].pending_k.resize(row_floats * period);
+        side[layer_idx].pending_v.resize(row_floats * period);
+      }
+    }
+    return side;
+  }
+
+  // Bytes of one sequence's side buffers in all layers (the same for every sequence).
+  size_t SideBytesPerSequence() const {
+    const size_t row_floats = static_cast<size_t>(options.num_kv_heads) * options.head_dim;
+    size_t floats = 0;
+    for (const Layer& layer : layers) {
+      floats += 2 * row_floats * (sink_tokens() + (layer.period > 1 ? layer.period : 0));
+    }
+    return floats * sizeof(float);
   }
 
   // Copies block `src` over block `dst` in every layer, keys and values.
   void CopyBlock(BlockId src, BlockId dst) {
     for (Layer& layer : layers) {
-      std::memcpy(layer.k.get() + dst * k_block_stride, layer.k.get() + src * k_block_stride,
-                  k_block_stride);
-      std::memcpy(layer.v.get() + dst * v_block_stride, layer.v.get() + src * v_block_stride,
-                  v_block_stride);
+      std::memcpy(layer.k.get() + dst * layer.k_block_stride,
+                  layer.k.get() + src * layer.k_block_stride, layer.k_block_stride);
+      std::memcpy(layer.v.get() + dst * layer.v_block_stride,
+                  layer.v.get() + src * layer.v_block_stride, layer.v_block_stride);
     }
   }
 
@@ -116,6 +172,39 @@ struct KvCache::Impl {
   }
 };
 
+namespace {
+
+// The period of a layer whose codecs are `k` and `v`: tokens that stay pending until their
+// units fill. Checks that the units fit the layout.
+absl::StatusOr<int> UnitPeriod(const Codec& k, const Codec& v, const KvConfig& config,
+                               int layer_idx) {
+  const Codec& wide = k.group_tokens() >= v.group_tokens() ? k : v;
+  const Codec& narrow = &wide == &k ? v : k;
+  const int period = wide.group_tokens();
+  if (period % narrow.group_tokens() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv cache: layer ", layer_idx, ": codec '", std::string(wide.name()), "' groups ", period,
+        " tokens and codec '", std::string(narrow.name()), "' groups ", narrow.group_tokens(),
+        "; allowed: unit sizes of which one is a multiple of the other"));
+  }
+  if (period > 1 && config.layout == LayoutKind::kRing) {
+    // A ring overwrites its oldest slot one token at a time, which would leave a unit half old
+    // and half new.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv cache: the ring layout needs one-token units; codec '", std::string(wide.name()),
+        "' groups ", period, " tokens (layer ", layer_idx, ")"));
+  }
+  if (config.layout == LayoutKind::kPaged && config.block_size % period != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv cache: block_size ", config.block_size, " is not a multiple of the ",
+                     period, "-token units of codec '", std::string(wide.name()), "' (layer ",
+                     layer_idx, "); allowed: a multiple of ", period));
+  }
+  return period;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& options) {
   if (options.num_layers < 1 || options.num_kv_heads < 1 || options.head_dim < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -129,22 +218,55 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
         absl::StrCat("kv cache: capacity is ", config.capacity,
                      "; capacity must be resolved to > 0 before creating the cache"));
   }
-  KVS_ASSIGN_OR_RETURN(std::unique_ptr<Codec> k_codec,
-                       CreateCodec(config.k_codec, options.head_dim, CodecRole::kKey));
-  KVS_ASSIGN_OR_RETURN(std::unique_ptr<Codec> v_codec,
-                       CreateCodec(config.v_codec, options.head_dim, CodecRole::kValue));
+  for (const KvConfig::LayerCodecs& entry : config.layer_codecs) {
+    if (entry.layer_idx >= options.num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kv cache: layer_codecs names layer ", entry.layer_idx, " but num_layers is ",
+          options.num_layers, "; allowed: layers 0..", options.num_layers - 1));
+    }
+  }
+  if (config.hadamard_keys && !IsPowerOfTwo(options.head_dim)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv cache: hadamard_keys needs head_dim a power of two; head_dim is ", options.head_dim));
+  }
+  if (config.layout == LayoutKind::kRing && config.sink_tokens >= config.capacity) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv cache: sink_tokens ", config.sink_tokens, " leaves no room in a ring of capacity ",
+        config.capacity, "; allowed: sink_tokens < capacity"));
+  }
+
+  const CodecFactory factory = options.codec_factory ? options.codec_factory : CreateCodec;
+  std::vector<Impl::Layer> layers(options.num_layers);
+  int64_t period_lcm = 1;  // every layer's units must fit a contiguous region
+  for (int layer_idx = 0; layer_idx < options.num_layers; ++layer_idx) {
+    Impl::Layer& layer = layers[layer_idx];
+    KVS_ASSIGN_OR_RETURN(layer.k_codec,
+                         factory(config.KCodecOf(layer_idx), options.head_dim, CodecRole::kKey));
+    KVS_ASSIGN_OR_RETURN(layer.v_codec,
+                         factory(config.VCodecOf(layer_idx), options.head_dim, CodecRole::kValue));
+    KVS_ASSIGN_OR_RETURN(layer.period,
+                         UnitPeriod(*layer.k_codec, *layer.v_codec, config, layer_idx));
+    period_lcm = std::lcm(period_lcm, int64_t{layer.period});
+  }
 
   // Sizes are checked in 128-bit arithmetic: a capacity typo must give a message, not a wrap.
   using Wide = unsigned __int128;
   const bool paged = config.layout == LayoutKind::kPaged;
-  const Wide block_size = paged ? static_cast<Wide>(config.block_size) : config.capacity;
+  const Wide block_size = paged ? static_cast<Wide>(config.block_size)
+                                : static_cast<Wide>(CeilDiv(config.capacity, period_lcm)) *
+                                      static_cast<Wide>(period_lcm);
   const Wide num_blocks =
       paged ? (static_cast<Wide>(config.capacity) * config.max_sequences + block_size - 1) /
                   block_size
             : static_cast<Wide>(config.max_sequences);
   const Wide total_slots = num_blocks * block_size;
-  const Wide reserved = total_slots * options.num_layers * options.num_kv_heads *
-                        (k_codec->unit_bytes() + v_codec->unit_bytes());
+  Wide block_bytes = 0;  // one block in every layer, keys and values
+  for (const Impl::Layer& layer : layers) {
+    for (const Codec* codec : {layer.k_codec.get(), layer.v_codec.get()}) {
+      block_bytes += block_size / codec->group_tokens() * codec->unit_bytes();
+    }
+  }
+  const Wide reserved = num_blocks * options.num_kv_heads * block_bytes;
   if (reserved > kMaxReservedBytes || total_slots > std::numeric_limits<int32_t>::max()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "kv cache: ", config.ToString(), " with num_layers=", options.num_layers,
@@ -157,16 +279,18 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
   auto impl = std::make_unique<Impl>(static_cast<int32_t>(num_blocks));
   impl->options = options;
   impl->block_size = static_cast<int>(block_size);
-  impl->k_block_stride = options.num_kv_heads * impl->block_size * k_codec->unit_bytes();
-  impl->v_block_stride = options.num_kv_heads * impl->block_size * v_codec->unit_bytes();
-  impl->k_codec = std::move(k_codec);
-  impl->v_codec = std::move(v_codec);
-  impl->layers.resize(options.num_layers);
-  for (Impl::Layer& layer : impl->layers) {
+  for (Impl::Layer& layer : layers) {
+    layer.k_block_stride = static_cast<size_t>(options.num_kv_heads) *
+                           (impl->block_size / layer.k_codec->group_tokens()) *
+                           layer.k_codec->unit_bytes();
+    layer.v_block_stride = static_cast<size_t>(options.num_kv_heads) *
+                           (impl->block_size / layer.v_codec->group_tokens()) *
+                           layer.v_codec->unit_bytes();
     const size_t num_arena_blocks = static_cast<size_t>(num_blocks);
-    KVS_ASSIGN_OR_RETURN(layer.k, AllocateArena(num_arena_blocks * impl->k_block_stride));
-    KVS_ASSIGN_OR_RETURN(layer.v, AllocateArena(num_arena_blocks * impl->v_block_stride));
+    KVS_ASSIGN_OR_RETURN(layer.k, AllocateArena(num_arena_blocks * layer.k_block_stride));
+    KVS_ASSIGN_OR_RETURN(layer.v, AllocateArena(num_arena_blocks * layer.v_block_stride));
   }
+  impl->layers = std::move(layers);
   return std::unique_ptr<KvCache>(new KvCache(std::move(impl)));
 }
 
@@ -180,6 +304,7 @@ absl::StatusOr<SeqId> KvCache::AddSequence() {
     KVS_ASSIGN_OR_RETURN(const BlockId block, impl_->AllocateRegion());
     seq.block_table.push_back(block);
   }
+  seq.layers = impl_->NewSideBuffers();
   return impl_->Insert(std::move(seq));
 }
 
@@ -202,6 +327,7 @@ absl::StatusOr<SeqId> KvCache::ForkSequence(SeqId seq_id) {
   Impl::Sequence child;
   child.num_tokens = parent.num_tokens;
   child.first_slot = parent.first_slot;
+  child.num_appended = parent.num_appended;
   if (impl_->paged()) {
     // Full blocks never change again (appends only go past them), so sharing them is safe; the
     // partial tail will receive the next tokens of both sequences, so each needs its own.
@@ -222,6 +348,8 @@ absl::StatusOr<SeqId> KvCache::ForkSequence(SeqId seq_id) {
     impl_->CopyBlock(parent.block_table[0], block);
     child.block_table.push_back(block);
   }
+  // The sinks and the unit still filling are part of the history the child shares.
+  child.layers = parent.layers;
   return impl_->Insert(std::move(child));
 }
 
@@ -282,6 +410,7 @@ absl::Status KvCache::CommitAppend(const AppendPlan& plan) {
     KVS_CHECK(block.ok());  // the plan checked num_free
     seq.block_table.push_back(*block);
   }
+  seq.num_appended += plan.num_new_tokens;
   if (impl_->options.config.layout == LayoutKind::kRing) {
     const int capacity = impl_->block_size;
     seq.num_tokens = std::min(seq.num_tokens + plan.num_new_tokens, capacity);
@@ -295,17 +424,34 @@ absl::Status KvCache::CommitAppend(const AppendPlan& plan) {
 void KvCache::Write(SeqId seq_id, int layer_idx, int logical_begin, std::span<const float> k,
                     std::span<const float> v) {
   const KvLayerView view = View(seq_id, layer_idx);
-  const size_t token_floats = static_cast<size_t>(view.num_kv_heads) * view.head_dim;
+  const size_t head_dim = view.head_dim;
+  const size_t token_floats = static_cast<size_t>(view.num_kv_heads) * head_dim;
   KVS_CHECK(k.size() == v.size() && k.size() % token_floats == 0);
   const int num_tokens = static_cast<int>(k.size() / token_floats);
   KVS_CHECK(logical_begin >= 0 && logical_begin + num_tokens <= view.num_tokens);
 
-  // The view is the read side; its const base and this layer's mutable arena are the same
-  // bytes, so offsets computed through the view address the arena.
+  // Only this layer's buffers of the sequence are touched, so writes of different layers may
+  // run concurrently. The view is the read side; its const bases and this layer's mutable
+  // arenas are the same bytes, so offsets computed through the view address the arenas.
+  Impl::Sequence& seq = impl_->MutableSeq(seq_id);
+  Impl::SideBuffers& side = seq.layers[layer_idx];
   Impl::Layer& layer = impl_->layers[layer_idx];
-  const Codec& k_codec = *impl_->k_codec;
-  const Codec& v_codec = *impl_->v_codec;
-  const size_t head_dim = view.head_dim;
+  const Codec& k_codec = *layer.k_codec;
+  const Codec& v_codec = *layer.v_codec;
+  auto k_unit = [&](int32_t block_id, int unit_idx, int kv_head) {
+    return layer.k.get() + (view.k.Unit(block_id, unit_idx, kv_head) - view.k.base);
+  };
+  auto v_unit = [&](int32_t block_id, int unit_idx, int kv_head) {
+    return layer.v.get() + (view.v.Unit(block_id, unit_idx, kv_head) - view.v.base);
+  };
+  const int period = layer.period;
+  const int sink_tokens = impl_->sink_tokens();
+  const bool rotate = impl_->options.config.hadamard_keys;
+  // Absolute position of logical token 0 (non-zero only in a wrapped ring): tells which of
+  // the tokens written are sinks.
+  const int64_t position_offset = seq.num_appended - seq.num_tokens;
+  std::vector<float> rotated(rotate ? head_dim : 0);
+
   view.ForEachRun(
       logical_begin, logical_begin + num_tokens,
       [&](int run_begin, int count, int32_t block_id, int row_begin) {
@@ -313,14 +459,55 @@ void KvCache::Write(SeqId seq_id, int layer_idx, int logical_begin, std::span<co
         // sequence's history.
         KVS_DCHECK(impl_->pool.ref_count(block_id) == 1);
         for (int t = 0; t < count; ++t) {
-          const size_t src_token =
-              static_cast<size_t>(run_begin + t - logical_begin) * token_floats;
+          const int logical = run_begin + t;
+          const int row = row_begin + t;
+          const int64_t pos = position_offset + logical;
+          const size_t src_token = static_cast<size_t>(logical - logical_begin) * token_floats;
           for (int h = 0; h < view.num_kv_heads; ++h) {
             const size_t src = src_token + h * head_dim;
-            const size_t k_off = view.k.Row(block_id, row_begin + t, h) - view.k.base;
-            const size_t v_off = view.v.Row(block_id, row_begin + t, h) - view.v.base;
-            k_codec.Encode(k.subspan(src, head_dim), {layer.k.get() + k_off, view.k.unit_bytes});
-            v_codec.Encode(v.subspan(src, head_dim), {layer.v.get() + v_off, view.v.unit_bytes});
+            std::span<const float> k_row = k.subspan(src, head_dim);
+            const std::span<const float> v_row = v.subspan(src, head_dim);
+            if (rotate) {
+              std::copy(k_row.begin(), k_row.end(), rotated.begin());
+              HadamardRotate(rotated);
+              k_row = rotated;
+            }
+            if (pos < sink_tokens) {
+              const size_t dst = (static_cast<size_t>(h) * sink_tokens + pos) * head_dim;
+              std::copy(k_row.begin(), k_row.end(), side.sink_k.begin() + dst);
+              std::copy(v_row.begin(), v_row.end(), side.sink_v.begin() + dst);
+            }
+            if (period == 1) {
+              // One-token units: encode straight from the input, no copy.
+              k_codec.EncodeHead(h, k_row, {k_unit(block_id, row, h), view.k.unit_bytes});
+              v_codec.EncodeHead(h, v_row, {v_unit(block_id, row, h), view.v.unit_bytes});
+            } else {
+              // The pending buffer is also the gather buffer: a unit needs one head's tokens
+              // contiguous, the input interleaves the heads.
+              const size_t dst = (static_cast<size_t>(h) * period + logical % period) * head_dim;
+              std::copy(k_row.begin(), k_row.end(), side.pending_k.begin() + dst);
+              std::copy(v_row.begin(), v_row.end(), side.pending_v.begin() + dst);
+            }
+          }
+          if (period > 1 && (logical + 1) % period == 0) {
+            // The period is complete: encode its P / Tk key units and P / Tv value units of
+            // every head, consecutive in the block (block_size is a multiple of the period).
+            const int first_row = row + 1 - period;
+            const size_t period_floats = static_cast<size_t>(period) * head_dim;
+            for (int h = 0; h < view.num_kv_heads; ++h) {
+              const std::span<const float> pending_k =
+                  std::span(side.pending_k).subspan(h * period_floats, period_floats);
+              const std::span<const float> pending_v =
+                  std::span(side.pending_v).subspan(h * period_floats, period_floats);
+              const int k_tokens = view.k.group_tokens;
+              const int v_tokens = view.v.group_tokens;
+              k_codec.EncodeHead(h, pending_k,
+                                 {k_unit(block_id, first_row / k_tokens, h),
+                                  period / k_tokens * view.k.unit_bytes});
+              v_codec.EncodeHead(h, pending_v,
+                                 {v_unit(block_id, first_row / v_tokens, h),
+                                  period / v_tokens * view.v.unit_bytes});
+            }
           }
         }
       });
@@ -330,38 +517,77 @@ KvLayerView KvCache::View(SeqId seq_id, int layer_idx) const {
   KVS_CHECK(layer_idx >= 0 && layer_idx < num_layers());
   const Impl::Sequence& seq = impl_->Seq(seq_id);
   const Impl::Layer& layer = impl_->layers[layer_idx];
+  const Impl::SideBuffers& side = seq.layers[layer_idx];
+  const int sink_tokens = impl_->sink_tokens();
+  const int sinks_end = std::min(sink_tokens, seq.num_tokens);
+  const int unit_begin = seq.num_tokens - seq.num_tokens % layer.period;
   return KvLayerView{
-      .k = impl_->ArenaView(layer.k, *impl_->k_codec, impl_->k_block_stride),
-      .v = impl_->ArenaView(layer.v, *impl_->v_codec, impl_->v_block_stride),
+      .k = impl_->ArenaView(layer.k, *layer.k_codec, layer.k_block_stride),
+      .v = impl_->ArenaView(layer.v, *layer.v_codec, layer.v_block_stride),
       .block_table = seq.block_table,
       .block_size = impl_->block_size,
       .first_slot = seq.first_slot,
       .num_tokens = seq.num_tokens,
       .num_kv_heads = impl_->options.num_kv_heads,
       .head_dim = impl_->options.head_dim,
+      .sinks = {.k = side.sink_k.empty() ? nullptr : side.sink_k.data(),
+                .v = side.sink_v.empty() ? nullptr : side.sink_v.data(),
+                .stride_tokens = sink_tokens,
+                .origin = 0,
+                .begin = 0,
+                .end = sinks_end},
+      // Sinks win where the two overlap: a sink is never also pending.
+      .pending = {.k = side.pending_k.empty() ? nullptr : side.pending_k.data(),
+                  .v = side.pending_v.empty() ? nullptr : side.pending_v.data(),
+                  .stride_tokens = layer.period,
+                  .origin = unit_begin,
+                  .begin = std::max(unit_begin, sinks_end),
+                  .end = seq.num_tokens},
+      .keys_rotated = impl_->options.config.hadamard_keys,
   };
 }
 
 int KvCache::NumTokens(SeqId seq_id) const { return impl_->Seq(seq_id).num_tokens; }
 
 const KvConfig& KvCache::config() const { return impl_->options.config; }
-const Codec& KvCache::k_codec() const { return *impl_->k_codec; }
-const Codec& KvCache::v_codec() const { return *impl_->v_codec; }
+const Codec& KvCache::k_codec(int layer_idx) const {
+  KVS_CHECK(layer_idx >= 0 && layer_idx < num_layers());
+  return *impl_->layers[layer_idx].k_codec;
+}
+const Codec& KvCache::v_codec(int layer_idx) const {
+  KVS_CHECK(layer_idx >= 0 && layer_idx < num_layers());
+  return *impl_->layers[layer_idx].v_codec;
+}
 int KvCache::num_layers() const { return impl_->options.num_layers; }
 
-size_t KvCache::bytes_per_token() const {
-  return static_cast<size_t>(impl_->options.num_layers) * impl_->options.num_kv_heads *
-         (impl_->k_codec->unit_bytes() + impl_->v_codec->unit_bytes());
+double KvCache::bytes_per_token() const {
+  double bytes = 0.0;
+  for (const Impl::Layer& layer : impl_->layers) {
+    for (const Codec* codec : {layer.k_codec.get(), layer.v_codec.get()}) {
+      bytes += static_cast<double>(codec->unit_bytes()) / codec->group_tokens();
+    }
+  }
+  return bytes * impl_->options.num_kv_heads;
+}
+
+double KvCache::bits_per_element() const {
+  const double elements_per_token =
+      2.0 * impl_->options.num_layers * impl_->options.num_kv_heads * impl_->options.head_dim;
+  return 8.0 * bytes_per_token() / elements_per_token;
 }
 
 size_t KvCache::bytes_reserved() const {
-  return static_cast<size_t>(impl_->pool.num_blocks()) * impl_->options.num_layers *
-         (impl_->k_block_stride + impl_->v_block_stride);
+  size_t block_bytes = 0;
+  for (const Impl::Layer& layer : impl_->layers) {
+    block_bytes += layer.k_block_stride + layer.v_block_stride;
+  }
+  return static_cast<size_t>(impl_->pool.num_blocks()) * block_bytes;
 }
 
 size_t KvCache::bytes_in_use() const {
   const size_t num_used = impl_->pool.num_blocks() - impl_->pool.num_free();
-  return num_used * impl_->options.num_layers * (impl_->k_block_stride + impl_->v_block_stride);
+  return num_used * bytes_reserved() / impl_->pool.num_blocks() +
+         impl_->sequences.size() * impl_->SideBytesPerSequence();
 }
 
 const BlockPool& KvCache::pool() const { return impl_->pool; }

@@ -271,7 +271,7 @@ TEST_P(KvCacheLayoutTest, ByteAccountingIsExact) {
   const size_t k_row = 4 * kHeadDim;
   const size_t v_row = 2 * kHeadDim;
   const size_t per_slot = static_cast<size_t>(kNumLayers) * kNumKvHeads * (k_row + v_row);
-  EXPECT_EQ(cache->bytes_per_token(), per_slot);
+  EXPECT_EQ(cache->bytes_per_token(), static_cast<double>(per_slot));
   // Paged: ceil(40 * 2 / 16) = 5 blocks of 16 slots; the others: 2 regions of 40 slots.
   const bool paged = GetParam() == LayoutKind::kPaged;
   const size_t slots_per_block = paged ? 16 : 40;

@@ -78,7 +78,7 @@ absl::Status RunGenerate(const GenerateFlags& flags) {
   } else {
     std::fprintf(stderr,
                  "prefill %d tokens at %.1f tokens/s | decode %d tokens at %.1f tokens/s | KV "
-                 "%zu bytes in use (%zu B/token, %zu reserved) | %s\n",
+                 "%zu bytes in use (%.2f B/token, %zu reserved) | %s\n",
                  stats.prompt_tokens, stats.prefill_tokens_per_s(), stats.generated_tokens,
                  stats.decode_tokens_per_s(), stats.kv_bytes_in_use,
                  engine->cache().bytes_per_token(), engine->cache().bytes_reserved(),

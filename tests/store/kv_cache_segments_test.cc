@@ -1,0 +1,533 @@
+// Tests of KvCache's representation features: codecs whose units hold several tokens (the
+// pending F32 segment), F32 attention sinks, Hadamard-rotated keys and per-layer codecs. The
+// conformance suite runs every layout with several codec set-ups through one check: every
+// logical token read back through View() — sinks and pending from the F32 segments, arena
+// tokens by decoding their whole unit at the address kv_view.h defines — equals what was
+// written (exactly for F32, within the codec's rounding otherwise).
+//
+// Multi-token units come from PackedF32Codec below, injected through
+// KvCacheOptions::codec_factory under the names of registered codecs: it stores T tokens of
+// F32 plus a checksum, so a unit encoded before all its tokens arrived, or read at the wrong
+// address, decodes to NaN.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kvstack/kv_cache.h"
+#include "represent/hadamard.h"
+
+namespace kvstack {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kNumLayers = 2;
+constexpr int kNumKvHeads = 2;
+constexpr int kHeadDim = 4;
+constexpr int kTokenFloats = kNumKvHeads * kHeadDim;
+
+class PackedF32Codec final : public Codec {
+ public:
+  PackedF32Codec(int head_dim, int group_tokens)
+      : head_dim_(head_dim),
+        group_tokens_(group_tokens),
+        name_("packed" + std::to_string(group_tokens)) {}
+  CodecId id() const override { return CodecId::kF32; }
+  std::string_view name() const override { return name_; }
+  int head_dim() const override { return head_dim_; }
+  int group_tokens() const override { return group_tokens_; }
+  size_t unit_bytes() const override { return UnitFloats() * sizeof(float) + sizeof(uint32_t); }
+
+  void Encode(std::span<const float> src, std::span<std::byte> dst) const override {
+    const size_t num_units = NumUnits(src.size(), dst.size());
+    for (size_t u = 0; u < num_units; ++u) {
+      const float* floats = src.data() + u * UnitFloats();
+      std::byte* out = dst.data() + u * unit_bytes();
+      std::memcpy(out, floats, UnitFloats() * sizeof(float));
+      const uint32_t sum = Checksum(floats);
+      std::memcpy(out + UnitFloats() * sizeof(float), &sum, sizeof(sum));
+    }
+  }
+  void Decode(std::span<const std::byte> src, std::span<float> dst) const override {
+    const size_t num_units = NumUnits(dst.size(), src.size());
+    for (size_t u = 0; u < num_units; ++u) {
+      float* floats = dst.data() + u * UnitFloats();
+      const std::byte* in = src.data() + u * unit_bytes();
+      std::memcpy(floats, in, UnitFloats() * sizeof(float));
+      uint32_t sum;
+      std::memcpy(&sum, in + UnitFloats() * sizeof(float), sizeof(sum));
+      if (sum != Checksum(floats)) std::fill_n(floats, UnitFloats(), std::nanf(""));
+    }
+  }
+
+ private:
+  size_t UnitFloats() const { return static_cast<size_t>(group_tokens_) * head_dim_; }
+  size_t NumUnits(size_t num_floats, size_t num_bytes) const {
+    KVS_CHECK(num_floats % UnitFloats() == 0);
+    KVS_CHECK(num_bytes == num_floats / UnitFloats() * unit_bytes());
+    return num_floats / UnitFloats();
+  }
+  // Position-weighted and offset by one, so an all-zero (never written) unit fails too.
+  uint32_t Checksum(const float* floats) const {
+    uint32_t sum = 1;
+    for (size_t i = 0; i < UnitFloats(); ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &floats[i], sizeof(bits));
+      sum = sum * 31 + bits * static_cast<uint32_t>(i + 7);
+    }
+    return sum;
+  }
+
+  int head_dim_;
+  int group_tokens_;
+  std::string name_;
+};
+
+// Codec names served by PackedF32Codec with that many tokens per unit; others: CreateCodec.
+using PackedNames = std::map<std::string, int>;
+
+auto Factory(PackedNames packed) {
+  return [packed](std::string_view name, int head_dim,
+                  CodecRole role) -> absl::StatusOr<std::unique_ptr<Codec>> {
+    auto it = packed.find(std::string(name));
+    if (it != packed.end()) return std::make_unique<PackedF32Codec>(head_dim, it->second);
+    return CreateCodec(name, head_dim, role);
+  };
+}
+
+KvConfig::LayerCodecs Override(int layer_idx, std::string k_codec, std::string v_codec) {
+  KvConfig::LayerCodecs entry;
+  entry.layer_idx = layer_idx;
+  entry.k_codec = std::move(k_codec);
+  entry.v_codec = std::move(v_codec);
+  return entry;
+}
+
+// Round-trip bound relative to |x| for values in the normal range.
+double Tolerance(std::string_view codec) {
+  if (codec == "f16") return 0x1p-11;
+  if (codec == "bf16") return 0x1p-8;
+  return 0.0;  // f32 and the packed test codec
+}
+
+struct Setup {
+  std::string name;
+  std::string k_codec = "f32";
+  std::string v_codec = "f32";
+  PackedNames packed = {};
+  std::vector<KvConfig::LayerCodecs> layer_codecs = {};
+  int sink_tokens = 0;
+  bool hadamard = false;
+  bool one_token_units = true;  // whether the ring can run it
+};
+
+const Setup kSetups[] = {
+    {.name = "f32"},
+    {.name = "f16_bf16_sinks3_hadamard",
+     .k_codec = "f16",
+     .v_codec = "bf16",
+     .sink_tokens = 3,
+     .hadamard = true},
+    {.name = "bf16_per_layer_sinks1",
+     .k_codec = "bf16",
+     .v_codec = "f16",
+     .layer_codecs = {Override(1, "f32", "")},
+     .sink_tokens = 1},
+    // Layer 0: K units of 4 tokens, V of 2 (period 4); layer 1: K one-token bf16, V packed2.
+    {.name = "units4x2_layer1_units1x2",
+     .k_codec = "f32",
+     .v_codec = "f16",
+     .packed = {{"f32", 4}, {"f16", 2}},
+     .layer_codecs = {Override(1, "bf16", "")},
+     .one_token_units = false},
+    // Period 8 with sinks that end inside the first unit, keys rotated, layer 0's V real f16.
+    {.name = "units8_sinks5_hadamard",
+     .k_codec = "f32",
+     .v_codec = "bf16",
+     .packed = {{"f32", 8}},
+     .layer_codecs = {Override(0, "", "f16")},
+     .sink_tokens = 5,
+     .hadamard = true,
+     .one_token_units = false},
+};
+
+struct Params {
+  LayoutKind layout;
+  Setup setup;
+};
+
+std::unique_ptr<KvCache> MakeCache(const Params& params, int64_t capacity, int max_sequences) {
+  KvCacheOptions options;
+  options.num_layers = kNumLayers;
+  options.num_kv_heads = kNumKvHeads;
+  options.head_dim = kHeadDim;
+  options.config.layout = params.layout;
+  options.config.capacity = capacity;
+  options.config.block_size = 8;
+  options.config.max_sequences = max_sequences;
+  options.config.k_codec = params.setup.k_codec;
+  options.config.v_codec = params.setup.v_codec;
+  options.config.layer_codecs = params.setup.layer_codecs;
+  options.config.sink_tokens = params.setup.sink_tokens;
+  options.config.hadamard_keys = params.setup.hadamard;
+  options.codec_factory = Factory(params.setup.packed);
+  auto cache = KvCache::Create(options);
+  KVS_CHECK(cache.ok());
+  return std::move(*cache);
+}
+
+// Everything ever appended to one sequence, per layer, as written (keys unrotated):
+// [num_appended, num_kv_heads, head_dim].
+struct History {
+  std::vector<float> k[kNumLayers];
+  std::vector<float> v[kNumLayers];
+  int num_appended() const { return static_cast<int>(k[0].size() / kTokenFloats); }
+};
+
+void Append(KvCache& cache, SeqId seq_id, int num_new_tokens, std::mt19937& rng, History* history) {
+  auto plan = cache.PlanAppend(seq_id, num_new_tokens);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(plan->fits) << num_new_tokens;
+  ASSERT_TRUE(cache.CommitAppend(*plan).ok());
+  const int logical_begin = cache.NumTokens(seq_id) - num_new_tokens;
+  std::uniform_real_distribution<float> exponent(-6.0f, 6.0f);
+  for (int layer_idx = 0; layer_idx < kNumLayers; ++layer_idx) {
+    std::vector<float> k(num_new_tokens * kTokenFloats);
+    std::vector<float> v(k.size());
+    for (float& x : k) x = std::exp2(exponent(rng)) * ((rng() & 1) ? 1.0f : -1.0f);
+    for (float& x : v) x = std::exp2(exponent(rng)) * ((rng() & 1) ? 1.0f : -1.0f);
+    cache.Write(seq_id, layer_idx, logical_begin, k, v);
+    history->k[layer_idx].insert(history->k[layer_idx].end(), k.begin(), k.end());
+    history->v[layer_idx].insert(history->v[layer_idx].end(), v.begin(), v.end());
+  }
+}
+
+// One head's row of logical token i read from the arena: decodes the whole unit holding it.
+std::vector<float> ArenaRow(const KvLayerView& view, const KvArenaView& arena, int logical,
+                            int kv_head) {
+  const int slot = (view.first_slot + logical) % view.num_slots();
+  const int32_t block_id = view.block_table[slot / view.block_size];
+  const int row = slot % view.block_size;
+  std::vector<float> unit(static_cast<size_t>(arena.group_tokens) * kHeadDim);
+  arena.codec_impl->DecodeHead(
+      kv_head, {arena.Unit(block_id, row / arena.group_tokens, kv_head), arena.unit_bytes}, unit);
+  const auto first = unit.begin() + (row % arena.group_tokens) * kHeadDim;
+  return std::vector<float>(first, first + kHeadDim);
+}
+
+void ExpectRow(std::span<const float> got, std::span<const float> want, double tolerance,
+               const std::string& where) {
+  for (int c = 0; c < kHeadDim; ++c) {
+    ASSERT_LE(std::abs(got[c] - want[c]), tolerance * std::abs(want[c]))
+        << where << " channel " << c << ": got " << got[c] << " want " << want[c];
+  }
+}
+
+// Checks every logical token of the sequence in every layer against the history: logical
+// token i is appended token i for sinks (i < S) and appended token num_appended -
+// num_tokens + i otherwise (the two agree until a ring wraps).
+void ExpectContents(const KvCache& cache, SeqId seq_id, const History& history) {
+  const int num_tokens = cache.NumTokens(seq_id);
+  const int sink_tokens = cache.config().sink_tokens;
+  for (int layer_idx = 0; layer_idx < kNumLayers; ++layer_idx) {
+    const KvLayerView view = cache.View(seq_id, layer_idx);
+    ASSERT_EQ(view.num_tokens, num_tokens);
+    ASSERT_EQ(view.keys_rotated, cache.config().hadamard_keys);
+    const int period = std::max(view.k.group_tokens, view.v.group_tokens);
+    EXPECT_EQ(view.sinks.begin, 0);
+    EXPECT_EQ(view.sinks.end, std::min(sink_tokens, num_tokens));
+    EXPECT_EQ(view.pending.origin, num_tokens - num_tokens % period);
+    EXPECT_EQ(view.pending.begin, std::max(view.pending.origin, view.sinks.end));
+    EXPECT_EQ(view.pending.end, num_tokens);
+    EXPECT_EQ(view.pending.num_tokens() == 0, num_tokens % period == 0 || num_tokens <= sink_tokens)
+        << "layer " << layer_idx << " num_tokens " << num_tokens;
+    EXPECT_EQ(view.k.head_stride,
+              static_cast<size_t>(view.block_size / view.k.group_tokens) * view.k.unit_bytes);
+    EXPECT_EQ(view.v.head_stride,
+              static_cast<size_t>(view.block_size / view.v.group_tokens) * view.v.unit_bytes);
+    for (int i = 0; i < num_tokens; ++i) {
+      const int appended = i < sink_tokens ? i : history.num_appended() - num_tokens + i;
+      for (int h = 0; h < kNumKvHeads; ++h) {
+        const size_t src = (static_cast<size_t>(appended) * kNumKvHeads + h) * kHeadDim;
+        std::vector<float> want_k(history.k[layer_idx].begin() + src,
+                                  history.k[layer_idx].begin() + src + kHeadDim);
+        if (view.keys_rotated) HadamardRotate(want_k);
+        const std::span<const float> want_v(history.v[layer_idx].data() + src, kHeadDim);
+        const std::string where = "layer " + std::to_string(layer_idx) + " token " +
+                                  std::to_string(i) + " head " + std::to_string(h);
+        if (i < view.sinks.end) {
+          ExpectRow({view.sinks.KRow(i, h, kHeadDim), kHeadDim}, want_k, 0.0, where + " sink k");
+          ExpectRow({view.sinks.VRow(i, h, kHeadDim), kHeadDim}, want_v, 0.0, where + " sink v");
+        } else if (i >= view.pending.begin) {
+          ExpectRow({view.pending.KRow(i, h, kHeadDim), kHeadDim}, want_k, 0.0,
+                    where + " pending k");
+          ExpectRow({view.pending.VRow(i, h, kHeadDim), kHeadDim}, want_v, 0.0,
+                    where + " pending v");
+        } else {
+          ASSERT_GE(i, view.arena_begin());
+          ASSERT_LT(i, view.arena_end());
+          ExpectRow(ArenaRow(view, view.k, i, h), want_k, Tolerance(view.k.codec_impl->name()),
+                    where + " arena k");
+          ExpectRow(ArenaRow(view, view.v, i, h), want_v, Tolerance(view.v.codec_impl->name()),
+                    where + " arena v");
+        }
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+class KvCacheSegmentsTest : public ::testing::TestWithParam<Params> {
+ protected:
+  bool ring() const { return GetParam().layout == LayoutKind::kRing; }
+  // The ring is short enough to wrap; appends stay within its capacity.
+  int64_t Capacity() const { return ring() ? 20 : 64; }
+  std::vector<int> Appends() const {
+    if (ring()) return {1, 7, 13, 1, 1, 2, 9, 20, 3};
+    return {1, 7, 33, 1, 1, 2, 9};
+  }
+  std::mt19937 rng_{23};
+};
+
+TEST_P(KvCacheSegmentsTest, EveryLogicalTokenReadsBackAsWritten) {
+  auto cache = MakeCache(GetParam(), Capacity(), 1);
+  const SeqId seq_id = *cache->AddSequence();
+  History history;
+  for (const int num_new : Appends()) {
+    ASSERT_NO_FATAL_FAILURE(Append(*cache, seq_id, num_new, rng_, &history));
+    ASSERT_NO_FATAL_FAILURE(ExpectContents(*cache, seq_id, history));
+  }
+}
+
+TEST_P(KvCacheSegmentsTest, PrefillInOneWriteEqualsTokenByTokenWrites) {
+  auto whole = MakeCache(GetParam(), Capacity(), 1);
+  auto single = MakeCache(GetParam(), Capacity(), 1);
+  const SeqId a = *whole->AddSequence();
+  const SeqId b = *single->AddSequence();
+  std::mt19937 rng_a(9);
+  std::mt19937 rng_b(9);
+  History history_a;
+  History history_b;
+  ASSERT_NO_FATAL_FAILURE(Append(*whole, a, 19, rng_a, &history_a));
+  for (int t = 0; t < 19; ++t) ASSERT_NO_FATAL_FAILURE(Append(*single, b, 1, rng_b, &history_b));
+  ASSERT_NO_FATAL_FAILURE(ExpectContents(*whole, a, history_a));
+  ASSERT_NO_FATAL_FAILURE(ExpectContents(*single, b, history_b));
+}
+
+TEST_P(KvCacheSegmentsTest, ForkCopiesSinksAndPendingTokens) {
+  auto cache = MakeCache(GetParam(), Capacity(), 2);
+  const SeqId parent = *cache->AddSequence();
+  History parent_history;
+  ASSERT_NO_FATAL_FAILURE(Append(*cache, parent, 11, rng_, &parent_history));  // mid-unit
+  const SeqId child = *cache->ForkSequence(parent);
+  History child_history = parent_history;
+  ASSERT_NO_FATAL_FAILURE(ExpectContents(*cache, child, child_history));
+  // Each completes the open unit with different tokens; neither sees the other's.
+  ASSERT_NO_FATAL_FAILURE(Append(*cache, parent, 6, rng_, &parent_history));
+  ASSERT_NO_FATAL_FAILURE(Append(*cache, child, 5, rng_, &child_history));
+  ASSERT_NO_FATAL_FAILURE(ExpectContents(*cache, parent, parent_history));
+  ASSERT_NO_FATAL_FAILURE(ExpectContents(*cache, child, child_history));
+}
+
+std::vector<Params> AllParams() {
+  std::vector<Params> params;
+  for (const LayoutKind layout : {LayoutKind::kContiguous, LayoutKind::kPaged, LayoutKind::kRing}) {
+    for (const Setup& setup : kSetups) {
+      if (layout == LayoutKind::kRing && !setup.one_token_units) continue;
+      params.push_back({layout, setup});
+    }
+  }
+  return params;
+}
+
+INSTANTIATE_TEST_SUITE_P(LayoutsAndCodecs, KvCacheSegmentsTest, ::testing::ValuesIn(AllParams()),
+                         [](const auto& info) {
+                           return std::string(LayoutName(info.param.layout)) + "_" +
+                                  info.param.setup.name;
+                         });
+
+// Tokens whose values name them: channel c of head h of appended token p is p*100 + h*10 + c.
+std::vector<float> NamedTokens(int first, int count) {
+  std::vector<float> out;
+  for (int p = first; p < first + count; ++p) {
+    for (int h = 0; h < kNumKvHeads; ++h) {
+      for (int c = 0; c < kHeadDim; ++c) out.push_back(p * 100.0f + h * 10 + c);
+    }
+  }
+  return out;
+}
+
+TEST(KvCacheSinksTest, WrappedRingHoldsTheSinksThenTheMostRecentTokens) {
+  Params params{.layout = LayoutKind::kRing, .setup = {.name = "ring", .sink_tokens = 2}};
+  auto cache = MakeCache(params, 6, 1);
+  const SeqId seq_id = *cache->AddSequence();
+  int appended = 0;
+  for (const int num_new : {4, 5}) {
+    ASSERT_TRUE(cache->CommitAppend(*cache->PlanAppend(seq_id, num_new)).ok());
+    const std::vector<float> tokens = NamedTokens(appended, num_new);
+    for (int layer_idx = 0; layer_idx < kNumLayers; ++layer_idx) {
+      cache->Write(seq_id, layer_idx, cache->NumTokens(seq_id) - num_new, tokens, tokens);
+    }
+    appended += num_new;
+  }
+  // 9 appended into 6 slots: sinks 0, 1, then the 4 most recent: 5, 6, 7, 8.
+  const KvLayerView view = cache->View(seq_id, 1);
+  ASSERT_EQ(view.num_tokens, 6);
+  EXPECT_EQ(view.arena_begin(), 2);
+  EXPECT_EQ(view.arena_end(), 6);
+  const int expected[] = {0, 1, 5, 6, 7, 8};
+  for (int i = 0; i < 6; ++i) {
+    const float* row = i < view.sinks.end ? view.sinks.VRow(i, 1, kHeadDim) : nullptr;
+    std::vector<float> arena_row;
+    if (row == nullptr) {
+      arena_row = ArenaRow(view, view.v, i, 1);
+      row = arena_row.data();
+    }
+    EXPECT_EQ(row[2], expected[i] * 100.0f + 12) << "logical " << i;
+  }
+}
+
+TEST(KvCacheHadamardTest, StoredKeyIsHTimesKeyAndValuesAreNotRotated) {
+  Params params{.layout = LayoutKind::kPaged, .setup = {.name = "h", .hadamard = true}};
+  auto cache = MakeCache(params, 16, 1);
+  const SeqId seq_id = *cache->AddSequence();
+  ASSERT_TRUE(cache->CommitAppend(*cache->PlanAppend(seq_id, 1)).ok());
+  const std::vector<float> k = {1.0f, 2.0f, -3.0f, 0.5f, 4.0f, 0.0f, 1.0f, -2.0f};
+  const std::vector<float> v = {5.0f, 6.0f, 7.0f, 8.0f, -1.0f, -2.0f, -3.0f, -4.0f};
+  cache->Write(seq_id, 0, 0, k, v);
+  // The orthonormal 4x4 Sylvester Hadamard matrix, written out.
+  const float h4[4][4] = {{1, 1, 1, 1}, {1, -1, 1, -1}, {1, 1, -1, -1}, {1, -1, -1, 1}};
+  const KvLayerView view = cache->View(seq_id, 0);
+  EXPECT_TRUE(view.keys_rotated);
+  for (int h = 0; h < kNumKvHeads; ++h) {
+    std::vector<float> stored = ArenaRow(view, view.k, 0, h);
+    for (int r = 0; r < 4; ++r) {
+      float want = 0.0f;
+      for (int c = 0; c < 4; ++c) want += 0.5f * h4[r][c] * k[h * 4 + c];
+      EXPECT_NEAR(stored[r], want, 1e-6f) << "head " << h << " row " << r;
+    }
+    HadamardRotate(stored);  // H is its own inverse
+    for (int c = 0; c < 4; ++c) EXPECT_NEAR(stored[c], k[h * 4 + c], 1e-6f);
+    const std::vector<float> stored_v = ArenaRow(view, view.v, 0, h);
+    for (int c = 0; c < 4; ++c) EXPECT_EQ(stored_v[c], v[h * 4 + c]);
+  }
+}
+
+TEST(KvCacheAccountingTest, FractionalBytesPerTokenAndSideBuffersInUse) {
+  // K: 8-token units of 8*4 floats + a 4-byte checksum = 132 bytes; V: bf16, 8 bytes a token.
+  Params params{
+      .layout = LayoutKind::kPaged,
+      .setup = {.name = "acct", .v_codec = "bf16", .packed = {{"f32", 8}}, .sink_tokens = 2}};
+  auto cache = MakeCache(params, 64, 1);  // 8 blocks of 8
+  const double per_head = 132.0 / 8 + 8.0;
+  EXPECT_DOUBLE_EQ(cache->bytes_per_token(), kNumLayers * kNumKvHeads * per_head);
+  EXPECT_DOUBLE_EQ(cache->bits_per_element(), 8.0 * per_head / (2 * kHeadDim));
+  const size_t block_bytes = kNumLayers * kNumKvHeads * (132 + 8 * 8);
+  EXPECT_EQ(cache->bytes_reserved(), 8 * block_bytes);
+  EXPECT_EQ(cache->bytes_in_use(), 0u);
+
+  const SeqId seq_id = *cache->AddSequence();
+  // Per layer: K and V buffers of num_kv_heads x (2 sinks + 8 pending) rows of head_dim F32.
+  const size_t side_bytes = kNumLayers * 2 * kNumKvHeads * (2 + 8) * kHeadDim * sizeof(float);
+  EXPECT_EQ(cache->bytes_in_use(), side_bytes);
+  std::mt19937 rng(2);
+  History history;
+  Append(*cache, seq_id, 9, rng, &history);
+  EXPECT_EQ(cache->bytes_in_use(), 2 * block_bytes + side_bytes);
+  const KvLayerView view = cache->View(seq_id, 0);
+  EXPECT_EQ(view.k.group_tokens, 8);
+  EXPECT_EQ(view.k.unit_bytes, 132u);
+  EXPECT_EQ(view.k.head_stride, 132u);
+  EXPECT_EQ(view.v.head_stride, 8u * 8);
+  EXPECT_EQ(view.k.block_stride, kNumKvHeads * 132u);
+  ASSERT_TRUE(cache->RemoveSequence(seq_id).ok());
+  EXPECT_EQ(cache->bytes_in_use(), 0u);
+}
+
+TEST(KvCacheUnitsTest, ContiguousRegionIsRoundedUpToWholePeriods) {
+  Params params{.layout = LayoutKind::kContiguous, .setup = {.name = "c", .packed = {{"f32", 8}}}};
+  auto cache = MakeCache(params, 20, 1);
+  const SeqId seq_id = *cache->AddSequence();
+  EXPECT_EQ(cache->View(seq_id, 0).block_size, 24);
+  EXPECT_TRUE(cache->PlanAppend(seq_id, 20)->fits);
+  EXPECT_FALSE(cache->PlanAppend(seq_id, 21)->fits);  // capacity stays what was asked for
+}
+
+struct ErrorCase {
+  std::string what;
+  LayoutKind layout = LayoutKind::kPaged;
+  int block_size = 8;
+  int64_t capacity = 32;
+  int head_dim = kHeadDim;
+  PackedNames packed = {};
+  std::string k_codec = "f32";
+  std::string v_codec = "f32";
+  std::vector<KvConfig::LayerCodecs> layer_codecs = {};
+  int sink_tokens = 0;
+  bool hadamard = false;
+  std::string expected;
+};
+
+TEST(KvCacheUnitsTest, CreateNamesWhatIsWrong) {
+  const ErrorCase cases[] = {
+      {.what = "override past the last layer",
+       .layer_codecs = {Override(2, "f16", "")},
+       .expected = "layer_codecs names layer 2 but num_layers is 2; allowed: layers 0..1"},
+      {.what = "units that do not nest",
+       .packed = {{"f32", 3}, {"f16", 2}},
+       .v_codec = "f16",
+       .expected = "layer 0: codec 'packed3' groups 3 tokens and codec 'packed2' groups 2; "
+                   "allowed: unit sizes of which one is a multiple of the other"},
+      {.what = "block not a multiple of the period",
+       .block_size = 12,
+       .packed = {{"f16", 8}},
+       .layer_codecs = {Override(1, "", "f16")},
+       .expected = "block_size 12 is not a multiple of the 8-token units of codec 'packed8' "
+                   "(layer 1); allowed: a multiple of 8"},
+      {.what = "ring with multi-token units",
+       .layout = LayoutKind::kRing,
+       .packed = {{"f32", 4}},
+       .expected = "the ring layout needs one-token units; codec 'packed4' groups 4 tokens"},
+      {.what = "hadamard on a head_dim that is not a power of two",
+       .head_dim = 6,
+       .hadamard = true,
+       .expected = "hadamard_keys needs head_dim a power of two; head_dim is 6"},
+      {.what = "ring filled by sinks",
+       .layout = LayoutKind::kRing,
+       .capacity = 4,
+       .sink_tokens = 4,
+       .expected = "sink_tokens 4 leaves no room in a ring of capacity 4; allowed: sink_tokens < "
+                   "capacity"},
+      {.what = "bad sink count reaches ValidateKvConfig",
+       .sink_tokens = -2,
+       .expected = "sink_tokens -2 is out of range"},
+  };
+  for (const ErrorCase& c : cases) {
+    KvCacheOptions options;
+    options.num_layers = kNumLayers;
+    options.num_kv_heads = kNumKvHeads;
+    options.head_dim = c.head_dim;
+    options.config.layout = c.layout;
+    options.config.block_size = c.block_size;
+    options.config.capacity = c.capacity;
+    options.config.k_codec = c.k_codec;
+    options.config.v_codec = c.v_codec;
+    options.config.layer_codecs = c.layer_codecs;
+    options.config.sink_tokens = c.sink_tokens;
+    options.config.hadamard_keys = c.hadamard;
+    options.codec_factory = Factory(c.packed);
+    auto cache = KvCache::Create(options);
+    ASSERT_FALSE(cache.ok()) << c.what;
+    EXPECT_EQ(cache.status().code(), absl::StatusCode::kInvalidArgument) << c.what;
+    EXPECT_THAT(std::string(cache.status().message()), HasSubstr(c.expected)) << c.what;
+  }
+}
+
+}  // namespace
+}  // namespace kvstack
