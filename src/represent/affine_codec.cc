@@ -1,0 +1,68 @@
+// The asymmetric integer codecs: int4/int2 (groups along a token's row, or one group spanning
+// several tokens) and kivi4/kivi2 (keys: one group per channel over the unit's tokens;
+// values: the int per-token layout). All of them are "a unit of group_tokens x head_dim
+// elements, split into groups, each with an F16 (scale, min) pair, then the b-bit codes of
+// the whole unit token-major" — they differ only in which elements form a group, which
+// CodecFormat describes. So one class implements all four, and the format is in one place.
+#include "represent/codec_impl.h"
+#include "represent/quant.h"
+
+namespace kvstack {
+namespace {
+
+class AffineCodec final : public QuantCodec {
+ public:
+  explicit AffineCodec(const CodecFormat& format) : QuantCodec(format) {
+    // Element e_k of group g is first(g) + k * stride: consecutive elements for row and
+    // token-spanning groups, every head_dim-th for kivi key channels.
+    group_first_step_ = format.channel_groups ? 1 : format.group_size;
+    element_stride_ = format.channel_groups ? format.head_dim : 1;
+  }
+
+ private:
+  void EncodeUnit(const float* src, std::byte* dst) const override {
+    const CodecFormat& f = format();
+    const int bits = f.name.bits;
+    std::byte* codes = dst + f.header_bytes;
+    std::memset(codes, 0, f.unit_bytes - f.header_bytes);
+    for (int g = 0; g < f.num_groups; ++g) {
+      const size_t first = static_cast<size_t>(g) * group_first_step_;
+      const quant::Affine affine =
+          quant::MakeAffine(src + first, f.group_size, element_stride_, bits);
+      quant::StoreF16(dst + 4 * g, affine.scale.bits);
+      quant::StoreF16(dst + 4 * g + 2, affine.min.bits);
+      for (int k = 0; k < f.group_size; ++k) {
+        const size_t e = first + static_cast<size_t>(k) * element_stride_;
+        quant::PutCode(codes, e, bits, affine.Code(src[e]));
+      }
+    }
+  }
+
+  void DecodeUnit(const std::byte* src, float* dst) const override {
+    const CodecFormat& f = format();
+    const int bits = f.name.bits;
+    const std::byte* codes = src + f.header_bytes;
+    for (int g = 0; g < f.num_groups; ++g) {
+      const size_t first = static_cast<size_t>(g) * group_first_step_;
+      const float scale = quant::LoadF16(src + 4 * g);
+      const float min = quant::LoadF16(src + 4 * g + 2);
+      for (int k = 0; k < f.group_size; ++k) {
+        const size_t e = first + static_cast<size_t>(k) * element_stride_;
+        dst[e] = quant::AffineValue(quant::GetCode(codes, e, bits), scale, min);
+      }
+    }
+  }
+
+  size_t group_first_step_ = 0;
+  size_t element_stride_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<Codec> MakeAffineCodec(const CodecFormat& format) {
+  KVS_CHECK(format.name.bits == 4 || format.name.bits == 2);
+  KVS_CHECK(format.num_groups * format.group_size == format.group_tokens * format.head_dim);
+  return std::make_unique<AffineCodec>(format);
+}
+
+}  // namespace kvstack

@@ -1,0 +1,73 @@
+// Codec names and the byte layout they imply. ParseCodecName turns what a user typed
+// ("int4", "kivi2-g64") into {CodecId, bits, group}; ResolveCodecFormat adds head_dim and
+// role and gives every number a kernel needs to walk one unit's bytes (the byte-format
+// contract in one place). CreateCodec, CheckCodecName and the SIMD kernels all use these,
+// so the name grammar and the unit sizes have exactly one implementation.
+//
+// Grammar: <base>[-g<N>], N a decimal number without sign or leading zeros. Only int4, int2,
+// kivi4 and kivi2 take -g (default 32); every other codec takes no option.
+//
+// Unit layout of the quantising codecs (all fields little-endian, scales and minimums F16):
+//   fp8_*, int8       [f16 scale][head_dim x 8-bit code]
+//   q4_absmax         [num_groups x f16 d][codes, 4 bits]
+//   int<b>, kivi<b>   [num_groups x (f16 scale, f16 min)][codes, b bits]
+// Codes: element e of the unit (token-major, e = t * head_dim + c) sits in byte e * b / 8 at
+// bit offset (e * b) % 8, low bits first; the code block is padded to whole bytes.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvstack/codec.h"
+#include "kvstack/status.h"
+
+namespace kvstack {
+
+// Default group for the codecs that take -g<N>.
+inline constexpr int kDefaultCodecGroup = 32;
+
+struct CodecName {
+  CodecId id = CodecId::kF32;
+  std::string base;  // "int4"
+  int bits = 32;     // bits per stored element code: 32, 16, 8, 4 or 2
+  int group = 0;     // the -g value (default applied); 0 for codecs that take no option
+  // The canonical full name: base, plus "-g<group>" for codecs that take a group.
+  std::string canonical() const;
+};
+
+// Parses a name; InvalidArgument (one line) for unknown base names (listing the allowed
+// ones), malformed options, options on codecs that take none, and groups out of range
+// (int: 2..4096 elements; kivi: 1..4096 tokens).
+absl::StatusOr<CodecName> ParseCodecName(std::string_view name);
+
+// Every base name, in the stable registry order CodecNames() reports.
+std::vector<std::string> CodecBaseNames();
+
+// Everything about a codec's unit that depends on head_dim and role.
+struct CodecFormat {
+  CodecName name;
+  int head_dim = 0;
+  CodecRole role = CodecRole::kKey;
+  int group_tokens = 1;  // tokens per unit (T)
+  // Scale groups per unit and elements per scale group. 0 groups: plain floats.
+  //   fp8/int8: 1 group of head_dim; q4_absmax: head_dim / B groups of B = min(32, head_dim);
+  //   int per token and kivi values: head_dim / N groups of N consecutive elements;
+  //   int spanning tokens (N > head_dim): 1 group of N = T * head_dim elements;
+  //   kivi keys: head_dim groups (one per channel c) of T elements c, c + head_dim, ...
+  int num_groups = 0;
+  int group_size = 0;
+  bool channel_groups = false;  // true for kivi keys: group c holds channel c of every token
+  size_t header_bytes = 0;      // bytes of scales (and minimums) before the codes
+  size_t unit_bytes = 0;        // header_bytes + the padded code block
+};
+
+// Resolves `name` for rows of `head_dim` elements (1..4096) in `role`. InvalidArgument when
+// the group does not fit head_dim: an int group that neither divides head_dim nor is a
+// multiple of it, a kivi value group min(G, head_dim) or a q4_absmax block min(32, head_dim)
+// that does not divide head_dim, or a layout where a unit holds several groups or tokens
+// whose codes would not start on a byte boundary (e.g. int2-g2 on head_dim 8).
+absl::StatusOr<CodecFormat> ResolveCodecFormat(std::string_view name, int head_dim, CodecRole role);
+
+}  // namespace kvstack
