@@ -4,6 +4,8 @@
 // elements, split into groups, each with an F16 (scale, min) pair, then the b-bit codes of
 // the whole unit token-major" — they differ only in which elements form a group, which
 // CodecFormat describes. So one class implements all four, and the format is in one place.
+#include <vector>
+
 #include "represent/codec_impl.h"
 #include "represent/quant.h"
 
@@ -23,8 +25,8 @@ class AffineCodec final : public QuantCodec {
   void EncodeUnit(const float* src, std::byte* dst) const override {
     const CodecFormat& f = format();
     const int bits = f.name.bits;
-    std::byte* codes = dst + f.header_bytes;
-    std::memset(codes, 0, f.unit_bytes - f.header_bytes);
+    thread_local std::vector<uint8_t> q;  // one code per element, packed at the end
+    q.resize(static_cast<size_t>(f.group_tokens) * f.head_dim);
     for (int g = 0; g < f.num_groups; ++g) {
       const size_t first = static_cast<size_t>(g) * group_first_step_;
       const quant::Affine affine =
@@ -33,9 +35,10 @@ class AffineCodec final : public QuantCodec {
       quant::StoreF16(dst + 4 * g + 2, affine.min.bits);
       for (int k = 0; k < f.group_size; ++k) {
         const size_t e = first + static_cast<size_t>(k) * element_stride_;
-        quant::PutCode(codes, e, bits, affine.Code(src[e]));
+        q[e] = static_cast<uint8_t>(affine.Code(src[e]));
       }
     }
+    quant::PackCodes(q.data(), q.size(), bits, dst + f.header_bytes);
   }
 
   void DecodeUnit(const std::byte* src, float* dst) const override {

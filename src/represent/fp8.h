@@ -26,6 +26,13 @@ struct Fp8Format {
   // numbers except mantissa 111 (NaN); E5M2 reserves the all-ones exponent for Inf/NaN.
   static constexpr uint8_t kMaxCode = kHasInf ? static_cast<uint8_t>(0x7B) : 0x7E;
   static constexpr uint8_t kNanCode = 0x7F;
+  static constexpr float kMaxFinite = [] {
+    const int max_exp = (1 << kExpBits) - (kHasInf ? 2 : 1) - kBias;
+    const int max_mant = (1 << kMantBits) - (kHasInf ? 1 : 2);
+    float value = 1.0f + static_cast<float>(max_mant) / (1 << kMantBits);
+    for (int e = 0; e < max_exp; ++e) value *= 2.0f;
+    return value;
+  }();
 
   static float Decode(uint8_t code) {
     const bool negative = (code & 0x80u) != 0;
@@ -50,8 +57,7 @@ struct Fp8Format {
     const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
     const uint32_t abs = bits & 0x7fffffffu;
     if (abs > 0x7f800000u) return kNanCode;
-    const float max_finite = Decode(kMaxCode);
-    if (std::bit_cast<float>(abs) >= max_finite) return sign | kMaxCode;  // saturate (and Inf)
+    if (std::bit_cast<float>(abs) >= kMaxFinite) return sign | kMaxCode;  // saturate (and Inf)
     constexpr int kMinNormalExp = 1 - kBias;
     const int exp32 = static_cast<int>(abs >> 23) - 127;
     uint32_t code;
@@ -63,7 +69,7 @@ struct Fp8Format {
           std::bit_cast<float>(static_cast<uint32_t>((127 - kMinNormalExp + kMantBits) << 23));
       code = static_cast<uint32_t>(quanta);
       const float rest = quanta - static_cast<float>(code);
-      if (rest > 0.5f || (rest == 0.5f && (code & 1u))) ++code;
+      code += static_cast<uint32_t>((rest > 0.5f) | ((rest == 0.5f) & (code & 1u)));
     } else {
       // Normal: rebias the exponent, cut the mantissa to kMantBits with round to nearest
       // even; a carry out of the mantissa correctly bumps the exponent.
@@ -71,8 +77,8 @@ struct Fp8Format {
       code = (static_cast<uint32_t>(exp32 + kBias) << kMantBits) | ((abs & 0x7fffffu) >> kDropped);
       const uint32_t rest = abs & ((1u << kDropped) - 1);
       const uint32_t half = 1u << (kDropped - 1);
-      if (rest > half || (rest == half && (code & 1u))) ++code;
-      if (code > kMaxCode) code = kMaxCode;  // unreachable below max_finite; kept as a guard
+      // Branch-free: up or down is a coin flip on real data, and a branch mispredicts.
+      code += static_cast<uint32_t>((rest > half) | ((rest == half) & (code & 1u)));
     }
     return sign | static_cast<uint8_t>(code);
   }
@@ -84,8 +90,8 @@ using E5M2 = Fp8Format<5, 2, /*kHasInf=*/true>;
 }  // namespace fp8_internal
 
 // Largest finite magnitudes (the codecs' FMAX).
-inline constexpr float kFp8E4M3Max = 448.0f;
-inline constexpr float kFp8E5M2Max = 57344.0f;
+inline constexpr float kFp8E4M3Max = fp8_internal::E4M3::kMaxFinite;  // 448
+inline constexpr float kFp8E5M2Max = fp8_internal::E5M2::kMaxFinite;  // 57344
 // The NaN code Encode produces for NaN inputs (in both formats).
 inline constexpr uint8_t kFp8NanCode = 0x7F;
 

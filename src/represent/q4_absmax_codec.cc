@@ -2,6 +2,8 @@
 // int4 codecs are measured against. Per block of B = min(32, head_dim) elements the signed
 // element m of largest magnitude sets d = m / -8 (rounded to F16), so m itself lands exactly
 // on code 0 and the 16 codes cover [-8d, 7d]. Unit: [num_blocks x f16 d][codes, 4 bits].
+#include <vector>
+
 #include "represent/codec_impl.h"
 #include "represent/quant.h"
 
@@ -17,8 +19,8 @@ class Q4AbsmaxCodec final : public QuantCodec {
  private:
   void EncodeUnit(const float* src, std::byte* dst) const override {
     const CodecFormat& f = format();
-    std::byte* codes = dst + f.header_bytes;
-    std::memset(codes, 0, f.unit_bytes - f.header_bytes);
+    thread_local std::vector<uint8_t> codes;  // one code per element, packed at the end
+    codes.resize(f.head_dim);
     for (int g = 0; g < f.num_groups; ++g) {
       const float* x = src + g * f.group_size;
       // The first finite element of largest |x|, sign kept (as q4_0 does).
@@ -33,16 +35,17 @@ class Q4AbsmaxCodec final : public QuantCodec {
       const quant::F16Value d = quant::RoundToF16(m / -8.0f);
       quant::StoreF16(dst + 2 * g, d.bits);
       for (int i = 0; i < f.group_size; ++i) {
-        unsigned q = 8;  // the code of 0.0: for NaN and for a zero d
+        float q = 8;  // the code of 0.0: for NaN and for a zero d
         if (d.value != 0.0f && !std::isnan(x[i])) {
           // q4_0's truncation of x / d + 8.5, clamped in float first so that +-Inf (and
           // anything far out) cannot overflow the integer conversion.
           const float v = x[i] / d.value + 8.5f;
-          q = static_cast<unsigned>(std::fmin(15.0f, std::fmax(0.0f, v)));
+          q = quant::Clamp(v, 0.0f, 15.0f);
         }
-        quant::PutCode(codes, static_cast<size_t>(g) * f.group_size + i, kBits, q);
+        codes[static_cast<size_t>(g) * f.group_size + i] = static_cast<uint8_t>(q);
       }
     }
+    quant::PackCodes(codes.data(), codes.size(), kBits, dst + f.header_bytes);
   }
 
   void DecodeUnit(const std::byte* src, float* dst) const override {

@@ -13,6 +13,18 @@
 
 namespace kvstack::quant {
 
+// v clamped to [lo, hi] with plain compares (std::fmin/fmax are library calls on baseline
+// x86-64). v must not be NaN; +-Inf clamp.
+inline float Clamp(float v, float lo, float hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+// Round to nearest, ties to even, for |v| <= 2^22 (every code range here): adding 1.5 * 2^23
+// leaves no fraction bits, so the FPU's default rounding does the work. std::nearbyint is a
+// library call on baseline x86-64 and was most of the encode time.
+inline float RoundHalfEven(float v) {
+  constexpr float kMagic = 0x1.8p23f;
+  return (v + kMagic) - kMagic;
+}
+
 // A scale or minimum as stored: the F16 bits and the value they decode to.
 struct F16Value {
   uint16_t bits = 0;
@@ -23,8 +35,7 @@ struct F16Value {
 // a stored infinite scale would turn every code of its group into Inf or NaN.
 inline F16Value RoundToF16(float x) {
   constexpr float kF16Max = 65504.0f;
-  const float clamped = std::fmax(-kF16Max, std::fmin(kF16Max, x));
-  const uint16_t bits = F32ToF16(clamped);
+  const uint16_t bits = F32ToF16(Clamp(x, -kF16Max, kF16Max));
   return {bits, F16ToF32(bits)};
 }
 
@@ -37,10 +48,20 @@ inline float LoadF16(const std::byte* src) {
                                         (std::to_integer<uint16_t>(src[1]) << 8)));
 }
 
-// Code `e` of a block of b-bit codes (b in {2, 4}): byte e * b / 8, bit offset (e * b) % 8,
-// low bits first. PutCode ORs into the byte, so the block must start zeroed.
-inline void PutCode(std::byte* codes, size_t e, int bits, unsigned q) {
-  codes[e * bits / 8] |= static_cast<std::byte>(q << ((e * bits) % 8));
+// Blocks of b-bit codes (b in {2, 4}): code e sits in byte e * b / 8 at bit offset
+// (e * b) % 8, low bits first; the block is padded to whole bytes with zero bits.
+// PackCodes writes all ceil(n * b / 8) bytes from n codes q[0..n) (each < 2^b). Codecs fill
+// a byte-per-code scratch first and pack once: read-modify-writing each byte per code chains
+// every element through store forwarding.
+inline void PackCodes(const uint8_t* q, size_t n, int bits, std::byte* codes) {
+  const size_t per_byte = 8 / bits;
+  for (size_t i = 0; i * per_byte < n; ++i) {
+    unsigned byte = 0;
+    for (size_t k = 0; k < per_byte && i * per_byte + k < n; ++k) {
+      byte |= static_cast<unsigned>(q[i * per_byte + k]) << (k * bits);
+    }
+    codes[i] = static_cast<std::byte>(byte);
+  }
 }
 inline unsigned GetCode(const std::byte* codes, size_t e, int bits) {
   return (std::to_integer<unsigned>(codes[e * bits / 8]) >> ((e * bits) % 8)) & ((1u << bits) - 1);
@@ -58,8 +79,8 @@ struct Affine {
   unsigned Code(float x) const {
     if (std::isnan(x)) x = 0.0f;
     if (!(scale.value > 0.0f)) return 0;
-    const float q = std::nearbyint((x - min.value) / scale.value);
-    return static_cast<unsigned>(std::fmin(max_code, std::fmax(0.0f, q)));
+    return static_cast<unsigned>(
+        RoundHalfEven(Clamp((x - min.value) / scale.value, 0.0f, max_code)));
   }
 };
 
@@ -76,8 +97,8 @@ inline Affine MakeAffine(const float* x, size_t count, size_t stride, int bits) 
   for (size_t i = 0; i < count; ++i) {
     const float v = x[i * stride];
     if (!std::isfinite(v)) continue;
-    lo = std::fmin(lo, v);
-    hi = std::fmax(hi, v);
+    lo = v < lo ? v : lo;
+    hi = v > hi ? v : hi;
   }
   Affine affine;
   affine.max_code = static_cast<float>((1 << bits) - 1);
@@ -91,7 +112,8 @@ inline Affine MakeAffine(const float* x, size_t count, size_t stride, int bits) 
 inline float FiniteAbsMax(const float* x, size_t count) {
   float absmax = 0.0f;
   for (size_t i = 0; i < count; ++i) {
-    if (std::isfinite(x[i])) absmax = std::fmax(absmax, std::fabs(x[i]));
+    const float mag = std::fabs(x[i]);
+    if (std::isfinite(mag) && mag > absmax) absmax = mag;
   }
   return absmax;
 }

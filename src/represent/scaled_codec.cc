@@ -2,6 +2,7 @@
 // token: [f16 scale][head_dim x 8-bit code], scale = finite absmax / FMAX rounded to F16,
 // code = Q(x / scale) (int8: round to nearest even and clamp to +-127; fp8: RNE, saturating).
 // The three differ only in FMAX and the 8-bit element conversion, so one template serves.
+#include <array>
 #include <cstdint>
 
 #include "represent/codec_impl.h"
@@ -16,7 +17,7 @@ struct Int8Element {
   // NaN -> 0 (the code of 0.0), +-Inf -> +-127 via the clamp.
   static uint8_t Encode(float x) {
     if (std::isnan(x)) return 0;
-    const float q = std::fmin(kMax, std::fmax(-kMax, std::nearbyint(x)));
+    const float q = quant::RoundHalfEven(quant::Clamp(x, -kMax, kMax));
     return static_cast<uint8_t>(static_cast<int8_t>(q));
   }
   static float Decode(uint8_t code) { return static_cast<float>(static_cast<int8_t>(code)); }
@@ -35,7 +36,12 @@ using E5M2Element = Fp8Element<&F32ToFp8E5M2, &Fp8E5M2ToF32, kFp8E5M2Max>;
 template <typename Element>
 class ScaledCodec final : public QuantCodec {
  public:
-  using QuantCodec::QuantCodec;
+  explicit ScaledCodec(const CodecFormat& format) : QuantCodec(format) {
+    // 256 codes: a table is cheaper than decoding fp8 bit fields per element.
+    for (int code = 0; code < 256; ++code) {
+      decode_table_[code] = Element::Decode(static_cast<uint8_t>(code));
+    }
+  }
 
  private:
   void EncodeUnit(const float* src, std::byte* dst) const override {
@@ -59,9 +65,11 @@ class ScaledCodec final : public QuantCodec {
     const float scale = quant::LoadF16(src);
     const std::byte* codes = src + 2;
     for (int c = 0; c < format().head_dim; ++c) {
-      dst[c] = Element::Decode(std::to_integer<uint8_t>(codes[c])) * scale;
+      dst[c] = decode_table_[std::to_integer<uint8_t>(codes[c])] * scale;
     }
   }
+
+  std::array<float, 256> decode_table_;
 };
 
 }  // namespace

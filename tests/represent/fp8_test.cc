@@ -57,6 +57,7 @@ TEST_P(Fp8Test, DecodesEveryCodeLikeTheReference) {
   }
   EXPECT_EQ(num_nan, c.has_inf ? 6 : 2);  // E5M2: 3 NaN mantissas x 2 signs; E4M3FN: 0x7F/0xFF
   EXPECT_EQ(c.decode(c.has_inf ? 0x7B : 0x7E), c.max_finite);
+  EXPECT_EQ(c.has_inf ? kFp8E5M2Max : kFp8E4M3Max, c.max_finite);
 }
 
 TEST_P(Fp8Test, EncodeInvertsDecodeForEveryFiniteCode) {
@@ -107,8 +108,8 @@ TEST_P(Fp8Test, SaturatesAndKeepsNan) {
 
 INSTANTIATE_TEST_SUITE_P(
     Formats, Fp8Test,
-    ::testing::Values(Fp8Case{"E4M3", 4, 3, false, kFp8E4M3Max, &Fp8E4M3ToF32, &F32ToFp8E4M3},
-                      Fp8Case{"E5M2", 5, 2, true, kFp8E5M2Max, &Fp8E5M2ToF32, &F32ToFp8E5M2}),
+    ::testing::Values(Fp8Case{"E4M3", 4, 3, false, 448.0f, &Fp8E4M3ToF32, &F32ToFp8E4M3},
+                      Fp8Case{"E5M2", 5, 2, true, 57344.0f, &Fp8E5M2ToF32, &F32ToFp8E5M2}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
