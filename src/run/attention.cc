@@ -1,7 +1,16 @@
 // The SIMD attention kernels behind Attention() (src/run/attention.h): a flash-decoding kernel
 // for one query token and a tiled online-softmax kernel for many. Both read keys and values in
-// their stored codec through the view, are instantiated per (key codec, value codec) at compile
-// time, and are compiled for every Highway target; the best one is picked at run time.
+// their stored codec through the view and are compiled for every Highway target; the best one
+// is picked at run time.
+//
+// A view holds up to three sources of tokens: F32 sinks, the encoded arena and F32 pending
+// tokens. Decode treats each non-empty source (and each chunk of the arena) as one split-K
+// partial and merges them. Per tile of keys, a "fill" step finds where each key's and value's
+// bytes are (or, for codecs without a fast path, decodes them into per-thread scratch with the
+// codec's own Decode) and a reader, specialised at compile time per storage format, scores or
+// accumulates them dequantising in registers. Key and value readers are chosen independently
+// per tile, so every (key codec, value codec) pair gets both fast paths without instantiating
+// the pairs. Prefill decodes small tiles of keys and values to F32 and runs the F32 math.
 //
 // This file is included once per target by hwy/foreach_target.h; everything between
 // HWY_BEFORE_NAMESPACE and HWY_AFTER_NAMESPACE is compiled for each of them, the dispatch at
@@ -14,12 +23,15 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <numeric>
+#include <span>
 #include <vector>
 
 #include "kvstack/numeric.h"
+#include "represent/hadamard.h"
 
 // SSSE3 machines fall back to the portable EMU128 build; compiling one target fewer keeps the
-// 9 codec pairs x 2 kernels affordable to build.
+// readers x kernels affordable to build.
 #ifndef HWY_DISABLED_TARGETS
 #define HWY_DISABLED_TARGETS HWY_SSSE3
 #endif
@@ -51,61 +63,321 @@ constexpr size_t kCacheLine = 64;
 // Prefill: keys per tile. A multiple of kKeysPerStep.
 constexpr int kPrefillKeyTile = 32;
 constexpr int kKeysPerStep = 4;
+// Integer-group readers keep a row's (scale, min) pairs as floats on the stack: at most this
+// many floats (16 groups). Rows with more groups take the generic path.
+constexpr int kMaxHeaderFloats = 32;
 
-// Scalar decode of element `i` of a stored row.
-template <CodecId kCodec>
+// Independent per-thread scratch buffers, so one use never invalidates another.
+enum ScratchSlot {
+  kSlotScores,
+  kSlotKeys,
+  kSlotValues,
+  kSlotUnit,
+  kSlotHeaders,
+  kSlotQuery,
+  kNumSlots
+};
+
+// A per-thread scratch that only grows, so the hot path does not allocate once warm.
+float* Scratch(ScratchSlot slot, size_t num_floats) {
+  thread_local std::vector<float> buffers[kNumSlots];
+  std::vector<float>& buffer = buffers[slot];
+  if (buffer.size() < num_floats) buffer.resize(num_floats);
+  return buffer.data();
+}
+
+// How a kernel reads one stored row in registers.
+enum class Reader {
+  kF32,
+  kF16,
+  kBF16,
+  kInt8,   // [f16 scale][int8 codes]; loads raw codes, the caller applies the scale
+  kInt4,   // asymmetric groups: header [(f16 scale, f16 min)...], codes elsewhere
+  kInt2,   //   (per-token groups, or one pair per multi-token unit)
+  kKivi4,  // KIVI keys: loads raw codes; per-channel scale/min are folded into the query
+  kKivi2,
+};
+
+constexpr bool IsFloatReader(Reader r) {
+  return r == Reader::kF32 || r == Reader::kF16 || r == Reader::kBF16;
+}
+constexpr int ReaderBits(Reader r) {
+  return r == Reader::kInt4 || r == Reader::kKivi4   ? 4
+         : r == Reader::kInt2 || r == Reader::kKivi2 ? 2
+                                                     : 8;
+}
+
+// Where the keys (or values) of one tile are: rows[i] is the data of tile key i in the reader's
+// format, hdrs[i] its header (integer groups and KIVI units). Padded to a multiple of 4 keys by
+// repeating the last key.
+struct RowSet {
+  const std::byte* rows[kDecodeTile];
+  const std::byte* hdrs[kDecodeTile];
+  int group_elems = 0;        // kInt4/kInt2: elements per (scale, min) pair within a row
+  int num_header_floats = 0;  // kInt4/kInt2: 2 * groups per row
+  size_t prefetch_bytes = 0;  // bytes worth prefetching per row (0: do not prefetch)
+};
+
+// Scalar decode of element `i` of a stored float row.
+template <Reader kR>
 HWY_INLINE float LoadScalar(const std::byte* row, size_t i) {
-  if constexpr (kCodec == CodecId::kF32) {
+  if constexpr (kR == Reader::kF32) {
     float f;
     std::memcpy(&f, row + i * sizeof(float), sizeof(f));
     return f;
   } else {
     uint16_t bits;
     std::memcpy(&bits, row + i * sizeof(uint16_t), sizeof(bits));
-    return kCodec == CodecId::kF16 ? F16ToF32(bits) : BF16ToF32(bits);
+    return kR == Reader::kF16 ? F16ToF32(bits) : BF16ToF32(bits);
+  }
+}
+
+// Elements [i, i + Lanes(d)) of a packed code block as floats (codes, not dequantised).
+// kBits 8: signed bytes; 4 and 2: unsigned, element e in byte e*b/8 at bit (e*b)%8.
+// Reads exactly the bytes of those elements. Needs at least 4 lanes.
+template <int kBits, class D>
+HWY_INLINE hn::Vec<D> LoadCodes(D d, const std::byte* codes, size_t i) {
+  const hn::Rebind<int32_t, D> di;
+  if constexpr (kBits == 8) {
+    const hn::Rebind<int8_t, D> di8;
+    return hn::ConvertTo(
+        d, hn::PromoteTo(di, hn::LoadU(di8, reinterpret_cast<const int8_t*>(codes) + i)));
+  } else {
+    const hn::Rebind<uint8_t, D> du8;
+    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(codes) + i * kBits / 8;
+    hn::Vec<decltype(du8)> unpacked;
+    if constexpr (kBits == 4) {
+      // Each byte becomes a u16 holding the low nibble in its low byte and the high nibble
+      // in its high byte: viewed as bytes, the elements in order.
+      const hn::Half<D> dh;
+      const hn::Rebind<uint8_t, decltype(dh)> du8h;
+      const hn::Rebind<uint16_t, decltype(dh)> du16h;
+      const auto b = hn::PromoteTo(du16h, hn::LoadU(du8h, bytes));
+      const auto w = hn::Or(hn::And(b, hn::Set(du16h, 0x0F)),
+                            hn::ShiftLeft<4>(hn::And(b, hn::Set(du16h, 0xF0))));
+      unpacked = hn::BitCast(du8, w);
+    } else {
+      static_assert(kBits == 2);
+      const hn::Half<hn::Half<D>> dq;
+      const hn::Rebind<uint8_t, decltype(dq)> du8q;
+      const hn::Rebind<uint32_t, decltype(dq)> du32q;
+      const auto b = hn::PromoteTo(du32q, hn::LoadU(du8q, bytes));
+      const auto m = hn::Set(du32q, 3);
+      const auto w =
+          hn::Or(hn::Or(hn::And(b, m), hn::ShiftLeft<6>(hn::And(b, hn::Set(du32q, 0x0C)))),
+                 hn::Or(hn::ShiftLeft<12>(hn::And(b, hn::Set(du32q, 0x30))),
+                        hn::ShiftLeft<18>(hn::And(b, hn::Set(du32q, 0xC0)))));
+      unpacked = hn::BitCast(du8, w);
+    }
+    return hn::ConvertTo(d, hn::PromoteTo(di, unpacked));
   }
 }
 
 // Loads Lanes(d) elements of a stored row starting at element `i`, converted to f32 in
-// registers. One-lane tags take the scalar path: a one-lane 16-bit Highway load may read past
+// registers: floats as stored, integer groups dequantised (hf: the row's header as floats,
+// group_elems: elements per group), int8 and KIVI as raw codes (their callers apply the
+// scales). One-lane tags take the scalar path: a one-lane 16-bit Highway load may read past
 // the element, and the row may end the arena.
-template <CodecId kCodec, class D>
-HWY_INLINE hn::Vec<D> LoadRow(D d, const std::byte* row, size_t i) {
-  if constexpr (hn::MaxLanes(D()) == 1) {
-    return hn::Set(d, LoadScalar<kCodec>(row, i));
-  } else if constexpr (kCodec == CodecId::kF32) {
+template <Reader kR, class D>
+HWY_INLINE hn::Vec<D> LoadRow(D d, const std::byte* row, size_t i, const float* hf,
+                              size_t group_elems) {
+  if constexpr (IsFloatReader(kR) && hn::MaxLanes(D()) == 1) {
+    return hn::Set(d, LoadScalar<kR>(row, i));
+  } else if constexpr (kR == Reader::kF32) {
     return hn::LoadU(d, reinterpret_cast<const float*>(row) + i);
-  } else if constexpr (kCodec == CodecId::kF16) {
+  } else if constexpr (kR == Reader::kF16) {
     const hn::Rebind<hwy::float16_t, D> d16;
     return hn::PromoteTo(d, hn::LoadU(d16, reinterpret_cast<const hwy::float16_t*>(row) + i));
-  } else {
+  } else if constexpr (kR == Reader::kBF16) {
     const hn::Rebind<hwy::bfloat16_t, D> d16;
     return hn::PromoteTo(d, hn::LoadU(d16, reinterpret_cast<const hwy::bfloat16_t*>(row) + i));
+  } else if constexpr (kR == Reader::kInt8) {
+    return LoadCodes<8>(d, row + sizeof(uint16_t), i);
+  } else if constexpr (kR == Reader::kInt4 || kR == Reader::kInt2) {
+    const size_t g = i / group_elems;
+    return hn::MulAdd(LoadCodes<ReaderBits(kR)>(d, row, i), hn::Set(d, hf[2 * g]),
+                      hn::Set(d, hf[2 * g + 1]));
+  } else {
+    return LoadCodes<ReaderBits(kR)>(d, row, i);
   }
 }
 
-// Decodes a whole row of head_dim elements into dst, using full vectors, then 4-lane vectors,
-// then scalars, so that any head_dim works.
-template <CodecId kCodec>
+// Decodes a whole float row of head_dim elements into dst, using full vectors, then 4-lane
+// vectors, then scalars, so that any head_dim works.
+template <Reader kR>
 HWY_INLINE void ConvertRow(const std::byte* row, size_t head_dim, float* HWY_RESTRICT dst) {
+  static_assert(IsFloatReader(kR));
   const DF df;
   const hn::CappedTag<float, 4> d4;
   const size_t n = hn::Lanes(df);
   size_t i = 0;
-  for (; i + n <= head_dim; i += n) hn::StoreU(LoadRow<kCodec>(df, row, i), df, dst + i);
-  for (; i + 4 <= head_dim; i += 4) hn::StoreU(LoadRow<kCodec>(d4, row, i), d4, dst + i);
-  for (; i < head_dim; ++i) dst[i] = LoadScalar<kCodec>(row, i);
+  for (; i + n <= head_dim; i += n) {
+    hn::StoreU(LoadRow<kR>(df, row, i, nullptr, 0), df, dst + i);
+  }
+  for (; i + 4 <= head_dim; i += 4) {
+    hn::StoreU(LoadRow<kR>(d4, row, i, nullptr, 0), d4, dst + i);
+  }
+  for (; i < head_dim; ++i) dst[i] = LoadScalar<kR>(row, i);
 }
 
-// A per-thread scratch that only grows, so the hot path does not allocate once warm.
-float* Scratch(size_t num_floats) {
-  thread_local std::vector<float> buffer;
-  if (buffer.size() < num_floats) buffer.resize(num_floats);
-  return buffer.data();
+float LoadF16Scalar(const std::byte* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, sizeof(bits));
+  return F16ToF32(bits);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Decode.
+// Filling a tile's rows: where the bytes of keys or values [t0, t1) of one kv head are.
+
+// Decodes tokens [t0, t1) of an arena to F32 rows with the codec's own Decode (whole units;
+// the tokens of the range are kept). dst: [t1 - t0][head_dim].
+void DecodeArenaTokens(const KvLayerView& view, const KvArenaView& arena, int kv_head, int t0,
+                       int t1, float* HWY_RESTRICT dst) {
+  const size_t head_dim = static_cast<size_t>(view.head_dim);
+  const int group_tokens = arena.group_tokens;
+  if (arena.codec == CodecId::kF32 || arena.codec == CodecId::kF16 ||
+      arena.codec == CodecId::kBF16) {
+    view.ForEachRun(t0, t1, [&](int logical, int count, int32_t block_id, int row) {
+      const std::byte* src = arena.Row(block_id, row, kv_head);
+      float* out = dst + static_cast<size_t>(logical - t0) * head_dim;
+      for (int r = 0; r < count; ++r, src += arena.unit_bytes, out += head_dim) {
+        switch (arena.codec) {
+          case CodecId::kF32:
+            ConvertRow<Reader::kF32>(src, head_dim, out);
+            break;
+          case CodecId::kF16:
+            ConvertRow<Reader::kF16>(src, head_dim, out);
+            break;
+          default:
+            ConvertRow<Reader::kBF16>(src, head_dim, out);
+            break;
+        }
+      }
+    });
+    return;
+  }
+  KVS_CHECK(arena.codec_impl != nullptr && "a quantised arena needs its codec_impl");
+  const Codec& codec = *arena.codec_impl;
+  float* unit_buffer = group_tokens > 1 ? Scratch(kSlotUnit, group_tokens * head_dim) : nullptr;
+  view.ForEachRun(t0, t1, [&](int logical, int count, int32_t block_id, int row) {
+    float* out = dst + static_cast<size_t>(logical - t0) * head_dim;
+    if (group_tokens == 1) {  // consecutive rows: one Decode call for the run
+      codec.DecodeHead(kv_head, {arena.Unit(block_id, row, kv_head), count * arena.unit_bytes},
+                       {out, count * head_dim});
+      return;
+    }
+    for (int r = 0; r < count;) {
+      const int slot_row = row + r;
+      const int in_unit = slot_row % group_tokens;
+      const int num = std::min(count - r, group_tokens - in_unit);
+      codec.DecodeHead(kv_head,
+                       {arena.Unit(block_id, slot_row / group_tokens, kv_head), arena.unit_bytes},
+                       {unit_buffer, group_tokens * head_dim});
+      std::memcpy(out + static_cast<size_t>(r) * head_dim, unit_buffer + in_unit * head_dim,
+                  num * head_dim * sizeof(float));
+      r += num;
+    }
+  });
+}
+
+// Copies tokens [t0, t1) of one kv head from any mix of the three sources into F32 rows.
+// dst: [t1 - t0][head_dim].
+void LoadTokensF32(const KvLayerView& view, bool keys, int kv_head, int t0, int t1,
+                   float* HWY_RESTRICT dst) {
+  const size_t head_dim = static_cast<size_t>(view.head_dim);
+  auto copy_segment = [&](const KvF32Segment& seg, int begin, int end) {
+    for (int t = begin; t < end; ++t) {
+      const float* src =
+          keys ? seg.KRow(t, kv_head, view.head_dim) : seg.VRow(t, kv_head, view.head_dim);
+      std::memcpy(dst + static_cast<size_t>(t - t0) * head_dim, src, head_dim * sizeof(float));
+    }
+  };
+  const int arena_begin = view.arena_begin(), arena_end = view.arena_end();
+  copy_segment(view.sinks, t0, std::min(t1, arena_begin));
+  const int a0 = std::max(t0, arena_begin), a1 = std::min(t1, arena_end);
+  if (a0 < a1) {
+    DecodeArenaTokens(view, keys ? view.k : view.v, kv_head, a0, a1,
+                      dst + static_cast<size_t>(a0 - t0) * head_dim);
+  }
+  copy_segment(view.pending, std::max(t0, arena_end), t1);
+}
+
+// How a tile's keys or values are found and read.
+enum class FillKind {
+  kDirect,   // T = 1 rows read in place (floats, int8, per-token integer groups)
+  kSpanned,  // integer groups spanning T > 1 tokens: header = unit, codes = the token's slice
+  kKivi,     // KIVI keys: header = unit (per-channel pairs), codes = the token's slice
+  kDecoded,  // any other codec: decoded into scratch, read as F32
+  kSinks,    // F32 segment rows
+  kPending,
+};
+
+// Everything a decode task needs to read one side (keys or values).
+struct SideSpec {
+  FillKind fill = FillKind::kDecoded;
+  Reader reader = Reader::kF32;
+  const KvArenaView* arena = nullptr;
+  size_t code_offset = 0;     // bytes from the unit start to the codes (integer groups)
+  size_t row_code_bytes = 0;  // code bytes per token (spanned / KIVI)
+  int group_elems = 0;
+  int num_header_floats = 0;
+};
+
+// Fills rows[0, t1 - t0) for one side, padded to a multiple of 4 with the last row.
+void FillRows(const KvLayerView& view, const SideSpec& side, bool keys, int kv_head, int t0, int t1,
+              RowSet* set) {
+  const int num_keys = t1 - t0;
+  const size_t head_dim = static_cast<size_t>(view.head_dim);
+  set->group_elems = side.group_elems;
+  set->num_header_floats = side.num_header_floats;
+  set->prefetch_bytes = 0;
+  switch (side.fill) {
+    case FillKind::kSinks:
+    case FillKind::kPending: {
+      const KvF32Segment& seg = side.fill == FillKind::kSinks ? view.sinks : view.pending;
+      for (int t = t0; t < t1; ++t) {
+        const float* row =
+            keys ? seg.KRow(t, kv_head, view.head_dim) : seg.VRow(t, kv_head, view.head_dim);
+        set->rows[t - t0] = reinterpret_cast<const std::byte*>(row);
+      }
+      break;
+    }
+    case FillKind::kDecoded: {
+      float* buffer = Scratch(keys ? kSlotKeys : kSlotValues, kDecodeTile * head_dim);
+      DecodeArenaTokens(view, *side.arena, kv_head, t0, t1, buffer);
+      for (int i = 0; i < num_keys; ++i) {
+        set->rows[i] = reinterpret_cast<const std::byte*>(buffer + i * head_dim);
+      }
+      break;
+    }
+    case FillKind::kDirect:
+    case FillKind::kSpanned:
+    case FillKind::kKivi: {
+      const KvArenaView& arena = *side.arena;
+      const int group_tokens = arena.group_tokens;
+      set->prefetch_bytes = group_tokens == 1 ? arena.unit_bytes : side.row_code_bytes;
+      view.ForEachRun(t0, t1, [&](int logical, int count, int32_t block_id, int row) {
+        for (int r = 0; r < count; ++r) {
+          const int slot_row = row + r;
+          const std::byte* unit = arena.Unit(block_id, slot_row / group_tokens, kv_head);
+          const int i = logical - t0 + r;
+          set->hdrs[i] = unit;
+          set->rows[i] = unit + side.code_offset +
+                         static_cast<size_t>(slot_row % group_tokens) * side.row_code_bytes;
+        }
+      });
+      break;
+    }
+  }
+  const int num_keys4 = (num_keys + 3) / 4 * 4;
+  for (int i = num_keys; i < num_keys4; ++i) {
+    set->rows[i] = set->rows[num_keys - 1];
+    set->hdrs[i] = set->hdrs[num_keys - 1];
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decode readers.
 
 // Stores the sum of the 128-bit blocks of v (4 lanes) to out[0, 4).
 // (The one-lane HWY_SCALAR target has no block operations; it never needs them.)
@@ -144,12 +416,30 @@ HWY_INLINE void SumOfLanes4(D d, V a, V b, V c, V e, float* HWY_RESTRICT out) {
   }
 }
 
+// The header floats of a row of an integer-group reader: (scale, min) pairs.
+template <Reader kR>
+HWY_INLINE void LoadHeader(const RowSet& set, size_t key, float* HWY_RESTRICT hf) {
+  if constexpr (kR == Reader::kInt4 || kR == Reader::kInt2) {
+    for (int i = 0; i < set.num_header_floats; ++i) {
+      hf[i] = LoadF16Scalar(set.hdrs[key] + i * sizeof(uint16_t));
+    }
+  }
+}
+
 // Scores of four key rows against kNumQ query heads: s[j * s_stride + key] = q_j . k_key.
 //   q: [kNumQ, head_dim] (already scaled)
-template <int kNumQ, CodecId kK, class D>
-HWY_INLINE void ScoreFourRows(D d, const std::byte* const* krows, const float* HWY_RESTRICT q,
+template <int kNumQ, Reader kK, class D>
+HWY_INLINE void ScoreFourRows(D d, const RowSet& keys, size_t key0, const float* HWY_RESTRICT q,
                               size_t head_dim, float* HWY_RESTRICT s, size_t s_stride) {
   const size_t n = hn::Lanes(d);
+  float hf[4][kMaxHeaderFloats];
+  const std::byte* rows[4];
+  HWY_UNROLL(4)
+  for (int key = 0; key < 4; ++key) {
+    rows[key] = keys.rows[key0 + key];
+    LoadHeader<kK>(keys, key0 + key, hf[key]);
+  }
+  const size_t group_elems = static_cast<size_t>(keys.group_elems);
   hn::Vec<D> acc[kNumQ][4];
   HWY_UNROLL(8)
   for (int j = 0; j < kNumQ; ++j) {
@@ -159,7 +449,7 @@ HWY_INLINE void ScoreFourRows(D d, const std::byte* const* krows, const float* H
   for (size_t i = 0; i < head_dim; i += n) {
     hn::Vec<D> k[4];
     HWY_UNROLL(8)
-    for (int key = 0; key < 4; ++key) k[key] = LoadRow<kK>(d, krows[key], i);
+    for (int key = 0; key < 4; ++key) k[key] = LoadRow<kK>(d, rows[key], i, hf[key], group_elems);
     HWY_UNROLL(8)
     for (int j = 0; j < kNumQ; ++j) {
       const auto qv = hn::LoadU(d, q + j * head_dim + i);
@@ -171,45 +461,11 @@ HWY_INLINE void ScoreFourRows(D d, const std::byte* const* krows, const float* H
   for (int j = 0; j < kNumQ; ++j) {
     SumOfLanes4(d, acc[j][0], acc[j][1], acc[j][2], acc[j][3], s + j * s_stride);
   }
-}
-
-// acc_j[:head_dim] += sum over keys of p[j * p_stride + key] * v_key, for kNumQ query heads.
-// The accumulators stay in registers for a slice of dimensions while all the tile's keys go
-// by; each slice of a value row is converted once for all kNumQ heads.
-//   acc: [kNumQ][acc_stride]
-template <int kNumQ, CodecId kV, class D>
-HWY_INLINE void AccumulateRows(D d, const std::byte* const* vrows, size_t num_keys,
-                               const float* HWY_RESTRICT p, size_t p_stride, size_t head_dim,
-                               float* HWY_RESTRICT acc, size_t acc_stride) {
-  constexpr size_t kMaxVecs = 8 / kNumQ;  // accumulators in registers: at most 8
-  const size_t n = hn::Lanes(d);
-  for (size_t i0 = 0; i0 < head_dim; i0 += kMaxVecs * n) {
-    const size_t num_vecs = std::min(kMaxVecs, (head_dim - i0) / n);
-    hn::Vec<D> a[kNumQ][kMaxVecs];
-    HWY_UNROLL(8)
-    for (int j = 0; j < kNumQ; ++j) {
-      HWY_UNROLL(8)
-      for (size_t v = 0; v < kMaxVecs; ++v) {
-        a[j][v] = v < num_vecs ? hn::LoadU(d, acc + j * acc_stride + i0 + v * n) : hn::Zero(d);
-      }
-    }
-    for (size_t key = 0; key < num_keys; ++key) {
-      hn::Vec<D> w[kNumQ];
-      HWY_UNROLL(8)
-      for (int j = 0; j < kNumQ; ++j) w[j] = hn::Set(d, p[j * p_stride + key]);
-      HWY_UNROLL(8)
-      for (size_t v = 0; v < kMaxVecs; ++v) {
-        if (v < num_vecs) {
-          const auto x = LoadRow<kV>(d, vrows[key], i0 + v * n);
-          HWY_UNROLL(8)
-          for (int j = 0; j < kNumQ; ++j) a[j][v] = hn::MulAdd(w[j], x, a[j][v]);
-        }
-      }
-    }
-    HWY_UNROLL(8)
-    for (int j = 0; j < kNumQ; ++j) {
-      for (size_t v = 0; v < num_vecs; ++v)
-        hn::StoreU(a[j][v], d, acc + j * acc_stride + i0 + v * n);
+  if constexpr (kK == Reader::kInt8) {
+    HWY_UNROLL(4)
+    for (int key = 0; key < 4; ++key) {
+      const float scale = LoadF16Scalar(rows[key]);
+      for (int j = 0; j < kNumQ; ++j) s[j * s_stride + key] *= scale;
     }
   }
 }
@@ -226,22 +482,311 @@ HWY_INLINE void ForEachHeadStep(int group, Fn&& fn) {
   for (; j < group; ++j) fn(j, std::integral_constant<int, 1>());
 }
 
-// One decode task: keys [begin, end) of kv head `kv_head` against the `group` query heads
-// that share it. Leaves the unnormalised partial result in `state`:
-//   q:     [group, head_dim] (already scaled)
+// Requests the rows kPrefetchAhead keys past `key` (keys and values both: the value pass then
+// reads from L2). Blocks of a paged cache are a few KiB apart from the next block of the same
+// head, which stops the hardware prefetchers at every block.
+HWY_INLINE void PrefetchAhead(const RowSet& set, size_t key, size_t num_keys) {
+  if (set.prefetch_bytes == 0) return;
+  for (size_t ahead = key + kPrefetchAhead; ahead < std::min(num_keys, key + kPrefetchAhead + 4);
+       ++ahead) {
+    for (size_t line = 0; line < set.prefetch_bytes; line += kCacheLine) {
+      hwy::Prefetch(set.rows[ahead] + line);
+    }
+  }
+}
+
+// Scores of a tile's keys for the `group` query heads of one kv head.
+//   q: [group, head_dim] (scaled); s: [group, s_stride]
+template <Reader kK, class D>
+void ScoreTile(const RowSet& keys, const RowSet& values, size_t num_keys, const float* q, int group,
+               size_t head_dim, float* s, size_t s_stride) {
+  const D d;
+  const size_t num_keys4 = (num_keys + 3) / 4 * 4;
+  if constexpr (kK == Reader::kKivi4 || kK == Reader::kKivi2) {
+    // Per unit: q'_c = q_c * scale_c and bias = sum_c q_c * min_c, so that each key's score
+    // is q' . codes + bias with the codes read as integers.
+    const size_t n = hn::Lanes(d);
+    float* header = Scratch(kSlotQuery, (2 + group) * head_dim + group);
+    float* scale = header;                // [head_dim]
+    float* min = scale + head_dim;        // [head_dim]
+    float* qp = min + head_dim;           // [group, head_dim]
+    float* bias = qp + group * head_dim;  // [group]
+    size_t key = 0;
+    while (key < num_keys) {
+      const std::byte* unit = keys.hdrs[key];
+      size_t run_end = key + 1;
+      while (run_end < num_keys && keys.hdrs[run_end] == unit) ++run_end;
+      for (size_t c = 0; c < head_dim; ++c) {
+        scale[c] = LoadF16Scalar(unit + 4 * c);
+        min[c] = LoadF16Scalar(unit + 4 * c + 2);
+      }
+      for (int j = 0; j < group; ++j) {
+        auto vbias = hn::Zero(d);
+        for (size_t c = 0; c < head_dim; c += n) {
+          const auto qv = hn::LoadU(d, q + j * head_dim + c);
+          hn::StoreU(hn::Mul(qv, hn::LoadU(d, scale + c)), d, qp + j * head_dim + c);
+          vbias = hn::MulAdd(qv, hn::LoadU(d, min + c), vbias);
+        }
+        bias[j] = hn::GetLane(hn::SumOfLanes(d, vbias));
+      }
+      // Steps of 4 may run past the unit: the next unit's scores overwrite those.
+      for (size_t k4 = key; k4 < run_end; k4 += 4) {
+        PrefetchAhead(keys, k4, num_keys);
+        PrefetchAhead(values, k4, num_keys);
+        ForEachHeadStep<2>(group, [&](int j, auto num_q) {
+          ScoreFourRows<decltype(num_q)::value, kK>(d, keys, k4, qp + j * head_dim, head_dim,
+                                                    s + j * s_stride + k4, s_stride);
+        });
+        const size_t k_end = std::min(k4 + 4, run_end);
+        for (int j = 0; j < group; ++j) {
+          for (size_t k = k4; k < k_end; ++k) s[j * s_stride + k] += bias[j];
+        }
+      }
+      key = run_end;
+    }
+  } else {
+    for (size_t key = 0; key < num_keys4; key += 4) {
+      PrefetchAhead(keys, key, num_keys);
+      PrefetchAhead(values, key, num_keys);
+      ForEachHeadStep<2>(group, [&](int j, auto num_q) {
+        ScoreFourRows<decltype(num_q)::value, kK>(d, keys, key, q + j * head_dim, head_dim,
+                                                  s + j * s_stride + key, s_stride);
+      });
+    }
+  }
+}
+
+// acc_j[:head_dim] += sum over keys of p[j * p_stride + key] * v_key, for kNumQ query heads.
+// The accumulators stay in registers for a slice of dimensions while all the tile's keys go
+// by; each slice of a value row is converted once for all kNumQ heads.
+//   acc: [kNumQ][acc_stride]; hf: [num_keys][kMaxHeaderFloats] headers (integer groups)
+template <int kNumQ, Reader kV, class D>
+HWY_INLINE void AccumulateRows(D d, const RowSet& values, size_t num_keys,
+                               const float* HWY_RESTRICT p, size_t p_stride, size_t head_dim,
+                               const float* HWY_RESTRICT hf, float* HWY_RESTRICT acc,
+                               size_t acc_stride) {
+  constexpr size_t kMaxVecs = 8 / kNumQ;  // accumulators in registers: at most 8
+  const size_t n = hn::Lanes(d);
+  const size_t group_elems = static_cast<size_t>(values.group_elems);
+  for (size_t i0 = 0; i0 < head_dim; i0 += kMaxVecs * n) {
+    const size_t num_vecs = std::min(kMaxVecs, (head_dim - i0) / n);
+    hn::Vec<D> a[kNumQ][kMaxVecs];
+    HWY_UNROLL(8)
+    for (int j = 0; j < kNumQ; ++j) {
+      HWY_UNROLL(8)
+      for (size_t v = 0; v < kMaxVecs; ++v) {
+        a[j][v] = v < num_vecs ? hn::LoadU(d, acc + j * acc_stride + i0 + v * n) : hn::Zero(d);
+      }
+    }
+    for (size_t key = 0; key < num_keys; ++key) {
+      hn::Vec<D> w[kNumQ];
+      // int8 rows are read as raw codes: their scale joins the weight.
+      const float row_scale = kV == Reader::kInt8 ? hf[key * kMaxHeaderFloats] : 1.0f;
+      HWY_UNROLL(8)
+      for (int j = 0; j < kNumQ; ++j) w[j] = hn::Set(d, p[j * p_stride + key] * row_scale);
+      HWY_UNROLL(8)
+      for (size_t v = 0; v < kMaxVecs; ++v) {
+        if (v < num_vecs) {
+          const auto x = LoadRow<kV>(d, values.rows[key], i0 + v * n, hf + key * kMaxHeaderFloats,
+                                     group_elems);
+          HWY_UNROLL(8)
+          for (int j = 0; j < kNumQ; ++j) a[j][v] = hn::MulAdd(w[j], x, a[j][v]);
+        }
+      }
+    }
+    HWY_UNROLL(8)
+    for (int j = 0; j < kNumQ; ++j) {
+      for (size_t v = 0; v < num_vecs; ++v)
+        hn::StoreU(a[j][v], d, acc + j * acc_stride + i0 + v * n);
+    }
+  }
+}
+
+// Weighted sum of a tile's values into the running states of the `group` query heads.
+//   p: [group, p_stride] softmax weights; state: [group, state_stride]
+template <Reader kV, class D>
+void AccumulateTile(const RowSet& values, size_t num_keys, const float* p, size_t p_stride,
+                    int group, size_t head_dim, float* state, size_t state_stride) {
+  const D d;
+  // Headers once per tile, not once per slice of dimensions.
+  float* hf = nullptr;
+  if constexpr (kV == Reader::kInt8 || kV == Reader::kInt4 || kV == Reader::kInt2) {
+    hf = Scratch(kSlotHeaders, num_keys * kMaxHeaderFloats);
+    for (size_t key = 0; key < num_keys; ++key) {
+      if constexpr (kV == Reader::kInt8) {
+        hf[key * kMaxHeaderFloats] = LoadF16Scalar(values.rows[key]);
+      } else {
+        LoadHeader<kV>(values, key, hf + key * kMaxHeaderFloats);
+      }
+    }
+  }
+  ForEachHeadStep<4>(group, [&](int j, auto num_q) {
+    AccumulateRows<decltype(num_q)::value, kV>(d, values, num_keys, p + j * p_stride, p_stride,
+                                               head_dim, hf, state + j * state_stride,
+                                               state_stride);
+  });
+}
+
+using ScoreFn = void (*)(const RowSet&, const RowSet&, size_t, const float*, int, size_t, float*,
+                         size_t);
+using AccumulateFn = void (*)(const RowSet&, size_t, const float*, size_t, int, size_t, float*,
+                              size_t);
+
+template <class D>
+ScoreFn ScoreFor(Reader r) {
+  if constexpr (hn::MaxLanes(D()) >= 4) {
+    switch (r) {
+      case Reader::kInt8:
+        return &ScoreTile<Reader::kInt8, D>;
+      case Reader::kInt4:
+        return &ScoreTile<Reader::kInt4, D>;
+      case Reader::kInt2:
+        return &ScoreTile<Reader::kInt2, D>;
+      case Reader::kKivi4:
+        return &ScoreTile<Reader::kKivi4, D>;
+      case Reader::kKivi2:
+        return &ScoreTile<Reader::kKivi2, D>;
+      default:
+        break;
+    }
+  }
+  switch (r) {
+    case Reader::kF16:
+      return &ScoreTile<Reader::kF16, D>;
+    case Reader::kBF16:
+      return &ScoreTile<Reader::kBF16, D>;
+    case Reader::kF32:
+      return &ScoreTile<Reader::kF32, D>;
+    default:
+      KVS_CHECK(false && "no key reader for this vector width");
+      return nullptr;
+  }
+}
+
+template <class D>
+AccumulateFn AccumulateFor(Reader r) {
+  if constexpr (hn::MaxLanes(D()) >= 4) {
+    switch (r) {
+      case Reader::kInt8:
+        return &AccumulateTile<Reader::kInt8, D>;
+      case Reader::kInt4:
+        return &AccumulateTile<Reader::kInt4, D>;
+      case Reader::kInt2:
+        return &AccumulateTile<Reader::kInt2, D>;
+      default:
+        break;
+    }
+  }
+  switch (r) {
+    case Reader::kF16:
+      return &AccumulateTile<Reader::kF16, D>;
+    case Reader::kBF16:
+      return &AccumulateTile<Reader::kBF16, D>;
+    case Reader::kF32:
+      return &AccumulateTile<Reader::kF32, D>;
+    default:
+      KVS_CHECK(false && "no value reader for this vector width");
+      return nullptr;
+  }
+}
+
+// The fast reader for one arena, if its format has one at vector width `lanes`; otherwise the
+// generic decoded path. Geometry comes from the view (unit_bytes, group_tokens), so a view
+// that does not match the documented format falls back to the codec's own Decode.
+SideSpec ArenaSide(const KvLayerView& view, const KvArenaView& arena, bool keys, size_t lanes) {
+  SideSpec side;
+  side.arena = &arena;
+  side.fill = FillKind::kDecoded;
+  side.reader = Reader::kF32;
+  const size_t head_dim = static_cast<size_t>(view.head_dim);
+  const int group_tokens = arena.group_tokens;
+  auto direct = [&](Reader r) {
+    side.fill = FillKind::kDirect;
+    side.reader = r;
+  };
+  switch (arena.codec) {
+    case CodecId::kF32:
+      direct(Reader::kF32);
+      return side;
+    case CodecId::kF16:
+      direct(Reader::kF16);
+      return side;
+    case CodecId::kBF16:
+      direct(Reader::kBF16);
+      return side;
+    default:
+      break;
+  }
+  if (lanes < 4 || head_dim % lanes != 0) return side;
+  const CodecId codec = arena.codec;
+  if (codec == CodecId::kInt8 && group_tokens == 1 && arena.unit_bytes == 2 + head_dim) {
+    direct(Reader::kInt8);
+    return side;
+  }
+  const bool is_int = codec == CodecId::kInt4 || codec == CodecId::kInt2;
+  const bool is_kivi = codec == CodecId::kKivi4 || codec == CodecId::kKivi2;
+  if (!is_int && !is_kivi) return side;
+  const int bits = codec == CodecId::kInt4 || codec == CodecId::kKivi4 ? 4 : 2;
+  const size_t row_code_bytes = head_dim * bits / 8;  // whole bytes: head_dim % lanes == 0
+  const Reader int_reader = bits == 4 ? Reader::kInt4 : Reader::kInt2;
+  if (group_tokens == 1) {
+    // Per-token groups (int<b>, KIVI values; KIVI keys of one token are the same bytes).
+    if (arena.unit_bytes <= row_code_bytes || (arena.unit_bytes - row_code_bytes) % 4 != 0) {
+      return side;
+    }
+    const size_t num_groups = (arena.unit_bytes - row_code_bytes) / 4;
+    if (num_groups == 0 || head_dim % num_groups != 0 ||
+        2 * num_groups > static_cast<size_t>(kMaxHeaderFloats)) {
+      return side;
+    }
+    const size_t group_elems = head_dim / num_groups;
+    if (group_elems % lanes != 0) return side;  // a vector must not straddle groups
+    side.fill = FillKind::kSpanned;             // header = row start, codes after it
+    side.reader = int_reader;
+    side.code_offset = 4 * num_groups;
+    side.row_code_bytes = 0;
+    side.group_elems = static_cast<int>(group_elems);
+    side.num_header_floats = static_cast<int>(2 * num_groups);
+    return side;
+  }
+  const size_t unit_code_bytes = row_code_bytes * group_tokens;
+  if (is_int && arena.unit_bytes == 4 + unit_code_bytes) {
+    side.fill = FillKind::kSpanned;  // one (scale, min) for the whole unit
+    side.reader = int_reader;
+    side.code_offset = 4;
+    side.row_code_bytes = row_code_bytes;
+    side.group_elems = static_cast<int>(head_dim);
+    side.num_header_floats = 2;
+    return side;
+  }
+  if (is_kivi && keys && arena.unit_bytes == 4 * head_dim + unit_code_bytes) {
+    side.fill = FillKind::kKivi;
+    side.reader = bits == 4 ? Reader::kKivi4 : Reader::kKivi2;
+    side.code_offset = 4 * head_dim;
+    side.row_code_bytes = row_code_bytes;
+    return side;
+  }
+  return side;
+}
+
+// One decode task: keys [begin, end) of one source of kv head `kv_head` against the `group`
+// query heads that share it. Leaves the unnormalised partial result in `state`:
+//   q:     [group, head_dim] (already scaled and rotated)
 //   state: [group, head_dim + 2]: acc[head_dim], running max, running sum
-template <CodecId kK, CodecId kV, class D>
-void DecodeChunk(D d, const KvLayerView& view, int kv_head, int begin, int end,
-                 const float* HWY_RESTRICT q, int group, float* HWY_RESTRICT state) {
+template <class D>
+void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec& v_side,
+                 int kv_head, int begin, int end, const float* HWY_RESTRICT q, int group,
+                 float* HWY_RESTRICT state) {
   const DF df;
   const size_t nf = hn::Lanes(df);
   const size_t head_dim = static_cast<size_t>(view.head_dim);
   const size_t state_stride = head_dim + 2;
   // Scores padded to whole vectors with -inf, so that max/exp/sum need no scalar tail.
   const size_t s_stride = (kDecodeTile + nf - 1) / nf * nf;
-  float* s = Scratch(static_cast<size_t>(group) * s_stride);  // [group, s_stride]
-  const std::byte* krows[kDecodeTile];
-  const std::byte* vrows[kDecodeTile];
+  float* s = Scratch(kSlotScores, static_cast<size_t>(group) * s_stride);  // [group, s_stride]
+  const ScoreFn score = ScoreFor<D>(k_side.reader);
+  const AccumulateFn accumulate = AccumulateFor<D>(v_side.reader);
+  RowSet keys, values;
   for (int j = 0; j < group; ++j) {
     float* st = state + j * state_stride;
     std::fill(st, st + head_dim, 0.0f);
@@ -252,36 +797,9 @@ void DecodeChunk(D d, const KvLayerView& view, int kv_head, int begin, int end,
   for (int t0 = begin; t0 < end; t0 += kDecodeTile) {
     const int t1 = std::min(end, t0 + kDecodeTile);
     const size_t num_keys = static_cast<size_t>(t1 - t0);
-    // Row addresses of the tile's keys and values, padded to a multiple of 4 with the last
-    // key (the padding's scores are overwritten with -inf below).
-    view.ForEachRun(t0, t1, [&](int logical, int count, int32_t block_id, int row) {
-      const std::byte* krow = view.k.Row(block_id, row, kv_head);
-      const std::byte* vrow = view.v.Row(block_id, row, kv_head);
-      for (int r = 0; r < count; ++r) {
-        krows[logical - t0 + r] = krow + r * view.k.unit_bytes;
-        vrows[logical - t0 + r] = vrow + r * view.v.unit_bytes;
-      }
-    });
-    const size_t num_keys4 = (num_keys + 3) / 4 * 4;
-    for (size_t i = num_keys; i < num_keys4; ++i) krows[i] = krows[num_keys - 1];
-    // Pass 1: scores. Blocks of a paged cache are a few KiB apart from the next block of the
-    // same head, which stops the hardware prefetchers at every block; so the rows kPrefetchAhead
-    // keys ahead (keys and values both: the value pass then reads from L2) are requested here.
-    for (size_t key = 0; key < num_keys4; key += 4) {
-      for (size_t ahead = key + kPrefetchAhead;
-           ahead < std::min(num_keys, key + kPrefetchAhead + 4); ++ahead) {
-        for (size_t line = 0; line < view.k.unit_bytes; line += kCacheLine) {
-          hwy::Prefetch(krows[ahead] + line);
-        }
-        for (size_t line = 0; line < view.v.unit_bytes; line += kCacheLine) {
-          hwy::Prefetch(vrows[ahead] + line);
-        }
-      }
-      ForEachHeadStep<2>(group, [&](int j, auto num_q) {
-        ScoreFourRows<decltype(num_q)::value, kK>(d, krows + key, q + j * head_dim, head_dim,
-                                                  s + j * s_stride + key, s_stride);
-      });
-    }
+    FillRows(view, k_side, true, kv_head, t0, t1, &keys);
+    FillRows(view, v_side, false, kv_head, t0, t1, &values);
+    score(keys, values, num_keys, q, group, head_dim, s, s_stride);
     // Softmax of the tile, folded into the running state.
     const size_t padded = (num_keys + nf - 1) / nf * nf;
     for (int j = 0; j < group; ++j) {
@@ -307,49 +825,85 @@ void DecodeChunk(D d, const KvLayerView& view, int kv_head, int begin, int end,
       st[head_dim + 1] = st[head_dim + 1] * alpha + hn::GetLane(hn::SumOfLanes(df, vsum));
       st[head_dim] = new_max;
     }
-    // Pass 2: weighted sum of the values.
-    ForEachHeadStep<4>(group, [&](int j, auto num_q) {
-      AccumulateRows<decltype(num_q)::value, kV>(d, vrows, num_keys, s + j * s_stride, s_stride,
-                                                 head_dim, state + j * state_stride, state_stride);
-    });
+    accumulate(values, num_keys, s, s_stride, group, head_dim, state, state_stride);
   }
 }
 
-template <CodecId kK, CodecId kV, class D>
-void DecodeImpl(D d, const KvLayerView& view, const float* q, const AttentionParams& params,
-                float* out, ThreadPool* pool) {
+// Scaled queries, rotated when the keys are: [num_rows, head_dim].
+void PrepareQueries(const KvLayerView& view, const float* q, size_t num_rows, float scale,
+                    float* HWY_RESTRICT dst) {
+  const size_t head_dim = static_cast<size_t>(view.head_dim);
+  for (size_t i = 0; i < num_rows * head_dim; ++i) dst[i] = q[i] * scale;
+  if (view.keys_rotated) {
+    for (size_t r = 0; r < num_rows; ++r) HadamardRotate({dst + r * head_dim, head_dim});
+  }
+}
+
+struct DecodeTask {
+  int kv_head;
+  FillKind source;  // kSinks, kPending or an arena kind
+  int begin, end;
+};
+
+template <class D>
+void DecodeImpl(const KvLayerView& view, const float* q, const AttentionParams& params, float* out,
+                ThreadPool* pool) {
   const int num_threads = pool == nullptr ? 1 : pool->num_threads();
   const int num_kv_heads = view.num_kv_heads;
   const int group = params.num_heads / num_kv_heads;
   const size_t head_dim = static_cast<size_t>(view.head_dim);
-  const int num_tokens = view.num_tokens;
+  const size_t lanes = hn::Lanes(D());
+  const SideSpec k_arena = ArenaSide(view, view.k, true, lanes);
+  const SideSpec v_arena = ArenaSide(view, view.v, false, lanes);
+  SideSpec sinks, pending;
+  sinks.fill = FillKind::kSinks;
+  pending.fill = FillKind::kPending;
 
-  // Enough tasks to keep every thread busy, each large enough to amortise its merge.
+  // Split-K partials: the sinks, chunks of the arena, the pending tokens. Arena chunks start
+  // on unit boundaries of both arenas, so no unit is read by two tasks.
+  const int arena_begin = view.arena_begin(), arena_end = view.arena_end();
+  const int num_arena = arena_end - arena_begin;
+  const int align = std::lcm(std::max(1, view.k.group_tokens), std::max(1, view.v.group_tokens));
   const int wanted_chunks = (kDecodeTasksPerThread * num_threads + num_kv_heads - 1) / num_kv_heads;
-  const int max_chunks = (num_tokens + kMinDecodeChunk - 1) / kMinDecodeChunk;
+  const int max_chunks = (num_arena + kMinDecodeChunk - 1) / kMinDecodeChunk;
   const int num_chunks = std::max(1, std::min(wanted_chunks, max_chunks));
-  const int chunk_len = (num_tokens + num_chunks - 1) / num_chunks;
-  const int num_tasks = num_kv_heads * num_chunks;
+  const int chunk_len = ((num_arena + num_chunks - 1) / num_chunks + align - 1) / align * align;
+  std::vector<std::pair<FillKind, std::pair<int, int>>> ranges;
+  if (view.sinks.end > 0) ranges.push_back({FillKind::kSinks, {0, view.sinks.end}});
+  for (int c = 0; c < num_chunks; ++c) {
+    // Boundaries on absolute multiples of the unit length (the first may sit mid-unit).
+    const int b =
+        c == 0 ? arena_begin : std::min(arena_end, (arena_begin + c * chunk_len) / align * align);
+    const int e = c == num_chunks - 1
+                      ? arena_end
+                      : std::min(arena_end, (arena_begin + (c + 1) * chunk_len) / align * align);
+    if (b < e) ranges.push_back({FillKind::kDirect, {b, e}});
+  }
+  if (arena_end < view.num_tokens)
+    ranges.push_back({FillKind::kPending, {arena_end, view.num_tokens}});
+  const int num_parts = static_cast<int>(ranges.size());
+  const int num_tasks = num_kv_heads * num_parts;
 
-  // Scaled queries and per-task partial states live in the caller's scratch; tasks use their
-  // own thread's scratch.
   const size_t state_stride = head_dim + 2;
   const size_t q_floats = static_cast<size_t>(params.num_heads) * head_dim;
   thread_local std::vector<float> call_scratch;
   call_scratch.resize(q_floats + static_cast<size_t>(num_tasks) * group * state_stride);
   float* q_scaled = call_scratch.data();
   float* states = q_scaled + q_floats;
-  for (size_t i = 0; i < q_floats; ++i) q_scaled[i] = q[i] * params.scale;
+  PrepareQueries(view, q, params.num_heads, params.scale, q_scaled);
 
   auto task = [&](int64_t task_idx, int /*thread_idx*/) {
-    const int kv_head = static_cast<int>(task_idx / num_chunks);
-    const int chunk = static_cast<int>(task_idx % num_chunks);
-    const int begin = chunk * chunk_len;
-    const int end = std::min(num_tokens, begin + chunk_len);
+    const int kv_head = static_cast<int>(task_idx / num_parts);
+    const auto& [source, range] = ranges[task_idx % num_parts];
+    const SideSpec& k_side = source == FillKind::kSinks     ? sinks
+                             : source == FillKind::kPending ? pending
+                                                            : k_arena;
+    const SideSpec& v_side = source == FillKind::kSinks     ? sinks
+                             : source == FillKind::kPending ? pending
+                                                            : v_arena;
     float* state = states + static_cast<size_t>(task_idx) * group * state_stride;
-    // An empty trailing chunk leaves max -inf, sum 0: it drops out of the merge.
-    DecodeChunk<kK, kV>(d, view, kv_head, begin, end,
-                        q_scaled + static_cast<size_t>(kv_head) * group * head_dim, group, state);
+    DecodeChunk<D>(view, k_side, v_side, kv_head, range.first, range.second,
+                   q_scaled + static_cast<size_t>(kv_head) * group * head_dim, group, state);
   };
   if (pool == nullptr || num_tasks == 1) {
     for (int t = 0; t < num_tasks; ++t) task(t, 0);
@@ -357,21 +911,21 @@ void DecodeImpl(D d, const KvLayerView& view, const float* q, const AttentionPar
     pool->Run(num_tasks, task);
   }
 
-  // Merge the chunks of each query head: rescale each to the common max.
+  // Merge the partials of each query head: rescale each to the common max.
   for (int kv_head = 0; kv_head < num_kv_heads; ++kv_head) {
     for (int j = 0; j < group; ++j) {
       const float* first =
-          states + (static_cast<size_t>(kv_head) * num_chunks * group + j) * state_stride;
-      const size_t chunk_stride = static_cast<size_t>(group) * state_stride;
+          states + (static_cast<size_t>(kv_head) * num_parts * group + j) * state_stride;
+      const size_t part_stride = static_cast<size_t>(group) * state_stride;
       float global_max = kNegInf;
-      for (int c = 0; c < num_chunks; ++c) {
-        global_max = std::max(global_max, first[c * chunk_stride + head_dim]);
+      for (int c = 0; c < num_parts; ++c) {
+        global_max = std::max(global_max, first[c * part_stride + head_dim]);
       }
       float* o = out + (static_cast<size_t>(kv_head) * group + j) * head_dim;
       std::fill(o, o + head_dim, 0.0f);
       float denom = 0.0f;
-      for (int c = 0; c < num_chunks; ++c) {
-        const float* st = first + c * chunk_stride;
+      for (int c = 0; c < num_parts; ++c) {
+        const float* st = first + c * part_stride;
         const float w = std::exp(st[head_dim] - global_max);
         if (w == 0.0f) continue;
         denom += w * st[head_dim + 1];
@@ -458,25 +1012,17 @@ HWY_INLINE void AccumulateStep(const float* HWY_RESTRICT p, const float* HWY_RES
   }
 }
 
-// Decodes the keys [t0, t1) of one arena into [kPrefillKeyTile][head_dim] rows, zero-padding
+// Loads keys or values [t0, t1) as F32 rows into [kPrefillKeyTile][head_dim], zero-padding
 // to a whole number of kKeysPerStep.
-template <CodecId kCodec>
-void LoadTile(const KvLayerView& view, const KvArenaView& arena, int kv_head, int t0, int t1,
+void LoadTile(const KvLayerView& view, bool keys, int kv_head, int t0, int t1,
               float* HWY_RESTRICT tile) {
   const size_t head_dim = static_cast<size_t>(view.head_dim);
-  view.ForEachRun(t0, t1, [&](int logical, int count, int32_t block_id, int row) {
-    const std::byte* src = arena.Row(block_id, row, kv_head);
-    float* dst = tile + static_cast<size_t>(logical - t0) * head_dim;
-    for (int r = 0; r < count; ++r, src += arena.unit_bytes, dst += head_dim) {
-      ConvertRow<kCodec>(src, head_dim, dst);
-    }
-  });
+  LoadTokensF32(view, keys, kv_head, t0, t1, tile);
   const int padded = (t1 - t0 + kKeysPerStep - 1) / kKeysPerStep * kKeysPerStep;
   std::fill(tile + static_cast<size_t>(t1 - t0) * head_dim,
             tile + static_cast<size_t>(padded) * head_dim, 0.0f);
 }
 
-template <CodecId kK, CodecId kV>
 void PrefillImpl(const KvLayerView& view, const float* q, int num_queries,
                  const AttentionParams& params, float* out, ThreadPool* pool) {
   const DF df;
@@ -499,8 +1045,9 @@ void PrefillImpl(const KvLayerView& view, const float* q, int num_queries,
     const int q1 = std::min(num_queries, q0 + queries_per_tile);
     const int num_rows = (q1 - q0) * group;
 
-    float* qt =
-        Scratch(row_stride * (2 * head_dim + kPrefillKeyTile + 4) + 2 * kPrefillKeyTile * head_dim);
+    float* qt = Scratch(kSlotScores, row_stride * (2 * head_dim + kPrefillKeyTile + 4) +
+                                         2 * kPrefillKeyTile * head_dim);
+    float* qrow = Scratch(kSlotQuery, head_dim);         // one scaled (and rotated) query
     float* ot = qt + head_dim * row_stride;              // [head_dim][row_stride]
     float* st = ot + head_dim * row_stride;              // [kPrefillKeyTile][row_stride]
     float* row_max = st + kPrefillKeyTile * row_stride;  // [row_stride]
@@ -515,10 +1062,12 @@ void PrefillImpl(const KvLayerView& view, const float* q, int num_queries,
       const int qi = std::min(static_cast<int>(r) / group, q1 - q0 - 1);
       const int j = static_cast<int>(r) % group;
       const bool real = static_cast<int>(r) < num_rows;
-      const float* qrow =
-          q + (static_cast<size_t>(q0 + qi) * params.num_heads + kv_head * group + j) * head_dim;
+      PrepareQueries(
+          view,
+          q + (static_cast<size_t>(q0 + qi) * params.num_heads + kv_head * group + j) * head_dim, 1,
+          params.scale, qrow);
       for (size_t i = 0; i < head_dim; ++i) {
-        qt[i * row_stride + r] = real ? qrow[i] * params.scale : 0.0f;
+        qt[i * row_stride + r] = real ? qrow[i] : 0.0f;
         ot[i * row_stride + r] = 0.0f;
       }
       row_max[r] = kNegInf;
@@ -532,8 +1081,8 @@ void PrefillImpl(const KvLayerView& view, const float* q, int num_queries,
       const int t1 = std::min(num_keys_total, t0 + kPrefillKeyTile);
       const size_t num_keys = static_cast<size_t>(t1 - t0);
       const size_t num_steps = (num_keys + kKeysPerStep - 1) / kKeysPerStep;
-      LoadTile<kK>(view, view.k, kv_head, t0, t1, kf);
-      LoadTile<kV>(view, view.v, kv_head, t0, t1, vf);
+      LoadTile(view, true, kv_head, t0, t1, kf);
+      LoadTile(view, false, kv_head, t0, t1, vf);
       // Only the diagonal tiles hold keys past some row's causal limit. (The zero-padded keys
       // of a short last tile are scored but never read.)
       const bool masked = t1 - 1 > min_limit;
@@ -602,48 +1151,18 @@ void PrefillImpl(const KvLayerView& view, const float* q, int num_queries,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Entry: the one runtime switch over the codec pair (and, for decode, the vector width).
-
-template <CodecId kK, CodecId kV>
-void AttentionFor(const KvLayerView& view, const float* q, int num_queries,
-                  const AttentionParams& params, float* out, ThreadPool* pool) {
-  if (num_queries > 1) return PrefillImpl<kK, kV>(view, q, num_queries, params, out, pool);
-  const size_t head_dim = static_cast<size_t>(view.head_dim);
-  const DF df;
-  if (head_dim % hn::Lanes(df) == 0) return DecodeImpl<kK, kV>(df, view, q, params, out, pool);
-  if (head_dim % 4 == 0) {
-    return DecodeImpl<kK, kV>(hn::CappedTag<float, 4>(), view, q, params, out, pool);
-  }
-  DecodeImpl<kK, kV>(hn::CappedTag<float, 1>(), view, q, params, out, pool);
-}
-
-template <CodecId kK>
-void AttentionForKey(const KvLayerView& view, const float* q, int num_queries,
-                     const AttentionParams& params, float* out, ThreadPool* pool) {
-  switch (view.v.codec) {
-    case CodecId::kF32:
-      return AttentionFor<kK, CodecId::kF32>(view, q, num_queries, params, out, pool);
-    case CodecId::kF16:
-      return AttentionFor<kK, CodecId::kF16>(view, q, num_queries, params, out, pool);
-    case CodecId::kBF16:
-      return AttentionFor<kK, CodecId::kBF16>(view, q, num_queries, params, out, pool);
-  }
-  KVS_CHECK(false && "unknown value codec");
-}
+// Entry: the one runtime switch over the vector width; codecs are chosen per tile.
 
 }  // namespace
 
 void AttentionKernel(const KvLayerView& view, const float* q, int num_queries,
                      const AttentionParams& params, float* out, ThreadPool* pool) {
-  switch (view.k.codec) {
-    case CodecId::kF32:
-      return AttentionForKey<CodecId::kF32>(view, q, num_queries, params, out, pool);
-    case CodecId::kF16:
-      return AttentionForKey<CodecId::kF16>(view, q, num_queries, params, out, pool);
-    case CodecId::kBF16:
-      return AttentionForKey<CodecId::kBF16>(view, q, num_queries, params, out, pool);
-  }
-  KVS_CHECK(false && "unknown key codec");
+  if (num_queries > 1) return PrefillImpl(view, q, num_queries, params, out, pool);
+  const size_t head_dim = static_cast<size_t>(view.head_dim);
+  const DF df;
+  if (head_dim % hn::Lanes(df) == 0) return DecodeImpl<DF>(view, q, params, out, pool);
+  if (head_dim % 4 == 0) return DecodeImpl<hn::CappedTag<float, 4>>(view, q, params, out, pool);
+  DecodeImpl<hn::CappedTag<float, 1>>(view, q, params, out, pool);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -660,6 +1179,7 @@ void Attention(const KvLayerView& view, const float* q, int num_queries,
   KVS_CHECK(view.num_kv_heads > 0 && view.head_dim > 0);
   KVS_CHECK(params.num_heads > 0 && params.num_heads % view.num_kv_heads == 0);
   KVS_CHECK(0 <= num_queries && num_queries <= view.num_tokens);
+  KVS_CHECK(!view.keys_rotated || IsPowerOfTwo(view.head_dim));
   if (num_queries == 0) return;
   HWY_DYNAMIC_DISPATCH(AttentionKernel)(view, q, num_queries, params, out, pool);
 }

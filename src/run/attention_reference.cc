@@ -1,6 +1,8 @@
 // AttentionReference: the plain scalar attention every kernel path is tested against. It
-// decodes each stored row with the scalar numeric.h conversions and runs a two-pass softmax in
-// double precision, so it differs from the kernels only in rounding and summation order.
+// decodes every unit with the codec's own Decode (DecodeHead) (so any codec, present or future, is
+// checked against exactly the bytes it wrote), reads the F32 sink and pending segments as they are,
+// rotates the queries when the keys are stored rotated, and runs a two-pass softmax in double
+// precision, so it differs from the kernels only in rounding and summation order.
 
 #include <algorithm>
 #include <cmath>
@@ -8,23 +10,46 @@
 #include <limits>
 #include <vector>
 
-#include "kvstack/numeric.h"
+#include "represent/hadamard.h"
 #include "run/attention.h"
 
 namespace kvstack {
 namespace {
 
-// Decodes one stored row of head_dim elements.
-void DecodeRow(CodecId codec, const std::byte* row, int head_dim, double* dst) {
-  for (int i = 0; i < head_dim; ++i) {
-    if (codec == CodecId::kF32) {
-      float f;
-      std::memcpy(&f, row + i * sizeof(float), sizeof(f));
-      dst[i] = f;
-    } else {
-      uint16_t bits;
-      std::memcpy(&bits, row + i * sizeof(uint16_t), sizeof(bits));
-      dst[i] = codec == CodecId::kF16 ? F16ToF32(bits) : BF16ToF32(bits);
+// Decodes logical tokens [begin, end) of one arena into dst: [num_tokens][num_kv_heads][hd].
+void DecodeArena(const KvLayerView& view, const KvArenaView& arena, int begin, int end,
+                 double* dst) {
+  KVS_CHECK(arena.codec_impl != nullptr && "the reference decodes with the view's codec_impl");
+  KVS_CHECK(arena.codec_impl->id() == arena.codec);
+  KVS_CHECK(arena.codec_impl->unit_bytes() == arena.unit_bytes);
+  KVS_CHECK(arena.codec_impl->group_tokens() == arena.group_tokens);
+  const int head_dim = view.head_dim;
+  const int group_tokens = arena.group_tokens;
+  const size_t row_elems = static_cast<size_t>(view.num_kv_heads) * head_dim;
+  std::vector<float> unit(static_cast<size_t>(group_tokens) * head_dim);
+  view.ForEachRun(begin, end, [&](int logical, int count, int32_t block_id, int row) {
+    for (int r = 0; r < count; ++r) {
+      const int slot_row = row + r;
+      for (int h = 0; h < view.num_kv_heads; ++h) {
+        arena.codec_impl->DecodeHead(
+            h, {arena.Unit(block_id, slot_row / group_tokens, h), arena.unit_bytes}, unit);
+        const float* src = unit.data() + static_cast<size_t>(slot_row % group_tokens) * head_dim;
+        double* out = dst + (logical + r) * row_elems + static_cast<size_t>(h) * head_dim;
+        std::copy(src, src + head_dim, out);
+      }
+    }
+  });
+}
+
+// Copies logical tokens [begin, end) of an F32 segment into dst (same shape as above).
+void CopySegment(const KvLayerView& view, const KvF32Segment& seg, bool keys, int begin, int end,
+                 double* dst) {
+  const size_t row_elems = static_cast<size_t>(view.num_kv_heads) * view.head_dim;
+  for (int t = begin; t < end; ++t) {
+    for (int h = 0; h < view.num_kv_heads; ++h) {
+      const float* src = keys ? seg.KRow(t, h, view.head_dim) : seg.VRow(t, h, view.head_dim);
+      std::copy(src, src + view.head_dim,
+                dst + t * row_elems + static_cast<size_t>(h) * view.head_dim);
     }
   }
 }
@@ -36,34 +61,37 @@ void AttentionReference(const KvLayerView& view, const float* q, int num_queries
   KVS_CHECK(view.num_kv_heads > 0 && view.head_dim > 0);
   KVS_CHECK(params.num_heads > 0 && params.num_heads % view.num_kv_heads == 0);
   KVS_CHECK(0 <= num_queries && num_queries <= view.num_tokens);
+  KVS_CHECK(!view.keys_rotated || IsPowerOfTwo(view.head_dim));
   const int head_dim = view.head_dim;
   const int group = params.num_heads / view.num_kv_heads;
   const int num_tokens = view.num_tokens;
+  const int arena_begin = view.arena_begin(), arena_end = view.arena_end();
+  KVS_CHECK(0 <= arena_begin && arena_begin <= arena_end && arena_end <= num_tokens);
 
   // Decode the whole view once: [num_tokens][num_kv_heads][head_dim]. Fine for a reference.
   const size_t row_elems = static_cast<size_t>(view.num_kv_heads) * head_dim;
   std::vector<double> keys(num_tokens * row_elems), values(num_tokens * row_elems);
-  view.ForEachRun(0, num_tokens, [&](int logical, int count, int32_t block_id, int row) {
-    for (int r = 0; r < count; ++r) {
-      for (int h = 0; h < view.num_kv_heads; ++h) {
-        const size_t offset = (logical + r) * row_elems + static_cast<size_t>(h) * head_dim;
-        DecodeRow(view.k.codec, view.k.Row(block_id, row + r, h), head_dim, &keys[offset]);
-        DecodeRow(view.v.codec, view.v.Row(block_id, row + r, h), head_dim, &values[offset]);
-      }
-    }
-  });
+  CopySegment(view, view.sinks, true, 0, arena_begin, keys.data());
+  CopySegment(view, view.sinks, false, 0, arena_begin, values.data());
+  DecodeArena(view, view.k, arena_begin, arena_end, keys.data());
+  DecodeArena(view, view.v, arena_begin, arena_end, values.data());
+  CopySegment(view, view.pending, true, arena_end, num_tokens, keys.data());
+  CopySegment(view, view.pending, false, arena_end, num_tokens, values.data());
 
   std::vector<double> scores(num_tokens), acc(head_dim);
+  std::vector<float> query(head_dim);
   for (int qi = 0; qi < num_queries; ++qi) {
     const int last_key = num_tokens - num_queries + qi;  // causal: keys [0, last_key]
     for (int head = 0; head < params.num_heads; ++head) {
       const int kv_head = head / group;
       const float* qrow = q + (static_cast<size_t>(qi) * params.num_heads + head) * head_dim;
+      std::copy(qrow, qrow + head_dim, query.begin());
+      if (view.keys_rotated) HadamardRotate(query);  // keys hold H k: score with H q
       double max_score = -std::numeric_limits<double>::infinity();
       for (int t = 0; t <= last_key; ++t) {
         const double* k = &keys[t * row_elems + static_cast<size_t>(kv_head) * head_dim];
         double dot = 0.0;
-        for (int i = 0; i < head_dim; ++i) dot += static_cast<double>(qrow[i]) * k[i];
+        for (int i = 0; i < head_dim; ++i) dot += static_cast<double>(query[i]) * k[i];
         scores[t] = dot * params.scale;
         max_score = std::max(max_score, scores[t]);
       }

@@ -95,8 +95,21 @@ double MeasureReadBandwidth(size_t bytes, int repetitions, ThreadPool* pool) {
 }
 
 size_t DecodeBytesRead(const KvLayerView& view) {
-  return static_cast<size_t>(view.num_tokens) * view.num_kv_heads *
-         (view.k.unit_bytes + view.v.unit_bytes);
+  // Whole units are read, so an arena range that starts or ends mid-unit (after the sinks)
+  // costs the full units it touches. Unit boundaries sit on logical multiples of group_tokens
+  // (multi-token codecs never use a wrapped ring).
+  const int arena_begin = view.arena_begin(), arena_end = view.arena_end();
+  auto arena_bytes = [&](const KvArenaView& arena) -> size_t {
+    if (arena_begin >= arena_end) return 0;
+    const int group_tokens = std::max(1, arena.group_tokens);
+    const size_t num_units = static_cast<size_t>((arena_end + group_tokens - 1) / group_tokens -
+                                                 arena_begin / group_tokens);
+    return num_units * arena.unit_bytes;
+  };
+  const size_t segment_tokens =
+      static_cast<size_t>(view.sinks.num_tokens()) + view.pending.num_tokens();
+  const size_t segment_bytes = segment_tokens * 2 * view.head_dim * sizeof(float);
+  return view.num_kv_heads * (arena_bytes(view.k) + arena_bytes(view.v) + segment_bytes);
 }
 
 }  // namespace kvstack

@@ -17,7 +17,9 @@ namespace kvstack {
 // Requires bytes >= 64 and repetitions >= 1 (checked). Allocates `bytes` for the call.
 double MeasureReadBandwidth(size_t bytes, int repetitions, ThreadPool* pool);
 
-// Bytes of cache one decode step over `view` reads: every key and value row of every kv head.
+// Bytes of cache one decode step over `view` reads, over every kv head: the key and value
+// units covering the arena range [arena_begin, arena_end) (whole units, also where the range
+// starts or ends inside one) plus the F32 key and value rows of the sink and pending segments.
 size_t DecodeBytesRead(const KvLayerView& view);
 
 }  // namespace kvstack

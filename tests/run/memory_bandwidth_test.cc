@@ -34,5 +34,27 @@ TEST(MemoryBandwidthTest, DecodeBytesReadCountsKeyAndValueRowsOfEveryHead) {
   EXPECT_EQ(DecodeBytesRead(view), size_t{100} * 8 * (128 + 256));
 }
 
+TEST(MemoryBandwidthTest, DecodeBytesReadCountsWholeUnitsAndSegments) {
+  // 100 tokens: 5 F32 sinks, arena [5, 96) in units of 32 tokens (units 0..2, the first
+  // partly sinks), 4 F32 pending tokens.
+  KvLayerView view;
+  view.num_tokens = 100;
+  view.num_kv_heads = 2;
+  view.head_dim = 8;
+  view.k.unit_bytes = 160;  // kivi keys of 32 tokens
+  view.k.group_tokens = 32;
+  view.v.unit_bytes = 12;  // one-token values
+  view.sinks.begin = 0;
+  view.sinks.end = 5;
+  view.pending.begin = 96;
+  view.pending.end = 100;
+  const size_t keys = 3 * 160, values = 91 * 12, segments = (5 + 4) * 2 * 8 * sizeof(float);
+  EXPECT_EQ(DecodeBytesRead(view), 2 * (keys + values + segments));
+  // Without segments the arena is every token.
+  view.sinks = {};
+  view.pending = {};
+  EXPECT_EQ(DecodeBytesRead(view), 2 * (4 * 160 + 100 * 12));
+}
+
 }  // namespace
 }  // namespace kvstack
