@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_format.h"
 #include "kvstack/check.h"
+#include "kvstack/kv_cache.h"
 
 namespace kvstack {
 namespace {
@@ -91,6 +92,24 @@ KvConfig ReferenceConfig(const KvConfig& config) {
   reference.sink_tokens = 0;
   reference.hadamard_keys = false;
   return reference;
+}
+
+absl::Status CheckConfig(const LlamaModel& model, const KvConfig& config,
+                         const EvaluateOptions& options) {
+  if (options.ctx < 4) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("evaluate: ctx must be >= 4 (the perplexity window), got %d", options.ctx));
+  }
+  KVS_RETURN_IF_ERROR(ValidateKvConfig(config));
+  // A cache of one window is small (ctx tokens); building it runs every check KvCache::Create
+  // makes, with the engine's resolution of capacity 0 to the tokens the run needs.
+  KvCacheOptions cache_options;
+  cache_options.num_layers = model.hparams().num_layers;
+  cache_options.num_kv_heads = model.hparams().num_kv_heads;
+  cache_options.head_dim = model.hparams().head_dim;
+  cache_options.config = config;
+  if (cache_options.config.capacity == 0) cache_options.config.capacity = options.ctx;
+  return KvCache::Create(cache_options).status();
 }
 
 absl::StatusOr<ReferenceRun> RunReference(const LlamaModel& model, std::span<const TokenId> tokens,

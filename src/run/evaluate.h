@@ -81,6 +81,13 @@ absl::StatusOr<ReferenceRun> RunReference(const LlamaModel& model, std::span<con
                                           const EvaluateOptions& options,
                                           const std::function<void(int, int)>& progress);
 
+// Checks, without running anything, what EvaluateConfig would reject about `config` for this
+// model and options: the configuration's fields, its codecs, and whether a cache of ctx tokens
+// can be built with it (e.g. a block size that is not a multiple of a codec's token group).
+// Errors: ctx < 4; the one-line message of ValidateKvConfig, CreateCodec or KvCache::Create.
+absl::Status CheckConfig(const LlamaModel& model, const KvConfig& config,
+                         const EvaluateOptions& options);
+
 // Evaluates `config` on the same tokens and windows as `reference` (options.ctx and
 // options.max_windows must be those of the reference run: InvalidArgument otherwise).
 // progress(done, total) after each perplexity window. Errors: an invalid configuration (the

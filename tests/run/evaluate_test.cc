@@ -181,6 +181,24 @@ TEST_F(EvaluateTest, UnknownCodecIsAnError) {
   EXPECT_NE(result.status().message().find("no_such_codec"), std::string::npos) << result.status();
 }
 
+TEST_F(EvaluateTest, CheckConfigCatchesWhatTheRunWouldRejectBeforeRunning) {
+  EXPECT_TRUE(CheckConfig(*model_, Codecs("f16", "bf16"), Options()).ok());
+  EXPECT_FALSE(CheckConfig(*model_, Codecs("f16", "no_such_codec"), Options()).ok());
+  EvaluateOptions tiny = Options();
+  tiny.ctx = 2;
+  EXPECT_EQ(CheckConfig(*model_, Codecs("f16", "f16"), tiny).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Only building the cache finds this one: KIVI keys come in units of 32 tokens, which
+  // blocks of 16 cannot hold; blocks of 32 can.
+  KvConfig kivi = Codecs("kivi2", "f16");
+  kivi.block_size = 16;
+  const absl::Status status = CheckConfig(*model_, kivi, Options());
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("block_size"), std::string::npos) << status;
+  kivi.block_size = 32;
+  EXPECT_TRUE(CheckConfig(*model_, kivi, Options()).ok());
+}
+
 TEST_F(EvaluateTest, ProgressCountsWindows) {
   std::vector<std::pair<int, int>> calls;
   auto result = EvaluateConfig(*model_, *tokens_, Codecs("f16", "f16"), Options(), *reference_,

@@ -17,5 +17,6 @@ RunFn RegisterPerplexity(CLI::App& app);
 RunFn RegisterInspect(CLI::App& app);
 RunFn RegisterMakeModel(CLI::App& app);
 RunFn RegisterBench(CLI::App& app);
+RunFn RegisterSweep(CLI::App& app);
 
 }  // namespace kvstack::cli

@@ -6,26 +6,53 @@
 
 #include <cstdio>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 
 namespace kvstack::cli {
 
-void CacheFlags::Add(CLI::App* app) {
+void CacheFlags::Add(CLI::App* app, bool with_codec_flags) {
   app->add_option("--kv-config", config_path_,
                   "TOML file with the cache configuration (flags override its keys)");
   layout_opt_ = app->add_option("--layout", layout_, "contiguous | paged | ring (default paged)");
   block_size_opt_ =
       app->add_option("--block-size", block_size_, "tokens per block, paged layout (default 16)");
-  k_codec_opt_ =
-      app->add_option("--k-codec", k_codec_, "key storage: f32 | f16 | bf16 (default f16)");
-  v_codec_opt_ =
-      app->add_option("--v-codec", v_codec_, "value storage: f32 | f16 | bf16 (default f16)");
+  if (with_codec_flags) {
+    k_codec_opt_ = app->add_option(
+        "--k-codec", k_codec_, "key storage codec, e.g. f16, int8, int4-g32, kivi2 (default f16)");
+    v_codec_opt_ = app->add_option("--v-codec", v_codec_,
+                                   "value storage codec, e.g. f16, int8, int4 (default f16)");
+  }
   capacity_opt_ = app->add_option(
       "--capacity", capacity_,
       "token slots per sequence (ring length for ring); 0 = what the run needs (default 0)");
   max_sequences_opt_ =
       app->add_option("--max-sequences", max_sequences_, "sequences held at once (default 1)");
   policy_opt_ = app->add_option("--policy", policy_, "selection policy: full (default full)");
+  sink_tokens_opt_ = app->add_option(
+      "--sinks", sink_tokens_,
+      "first S tokens of every sequence kept in F32 whatever the codecs (default 0)");
+  app->add_flag("--hadamard-keys", hadamard_keys_,
+                "rotate keys by a Hadamard matrix before encoding (default off)");
+  app->add_option("--layer-codec", layer_codecs_,
+                  "L:K:V codecs of layer L (K or V empty keeps the default); repeatable")
+      ->take_all()
+      ->allow_extra_args(false);
+}
+
+absl::StatusOr<KvConfig::LayerCodecs> ParseLayerCodec(std::string_view spec) {
+  // absl::string_view is its own type in this absl build, not std::string_view.
+  const std::vector<absl::string_view> parts =
+      absl::StrSplit(absl::string_view(spec.data(), spec.size()), ':');
+  int layer_idx = -1;
+  if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &layer_idx) || layer_idx < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--layer-codec '%s': expected L:K:V (layer index >= 0, key codec, value codec; K or V "
+        "may be empty to keep the default), e.g. 0:f32:f16 or 3::int8",
+        spec));
+  }
+  return KvConfig::LayerCodecs{layer_idx, std::string(parts[1]), std::string(parts[2])};
 }
 
 absl::StatusOr<KvConfig> CacheFlags::Resolve() const {
@@ -37,11 +64,21 @@ absl::StatusOr<KvConfig> CacheFlags::Resolve() const {
     KVS_ASSIGN_OR_RETURN(config.layout, ParseLayout(layout_));
   }
   if (block_size_opt_->count() > 0) config.block_size = block_size_;
-  if (k_codec_opt_->count() > 0) config.k_codec = k_codec_;
-  if (v_codec_opt_->count() > 0) config.v_codec = v_codec_;
+  if (k_codec_opt_ != nullptr && k_codec_opt_->count() > 0) config.k_codec = k_codec_;
+  if (v_codec_opt_ != nullptr && v_codec_opt_->count() > 0) config.v_codec = v_codec_;
   if (capacity_opt_->count() > 0) config.capacity = capacity_;
   if (max_sequences_opt_->count() > 0) config.max_sequences = max_sequences_;
   if (policy_opt_->count() > 0) config.policy = policy_;
+  if (sink_tokens_opt_->count() > 0) config.sink_tokens = sink_tokens_;
+  if (hadamard_keys_) config.hadamard_keys = true;
+  for (const std::string& spec : layer_codecs_) {
+    KVS_ASSIGN_OR_RETURN(KvConfig::LayerCodecs layer, ParseLayerCodec(spec));
+    auto same_layer = [&](const KvConfig::LayerCodecs& l) {
+      return l.layer_idx == layer.layer_idx;
+    };
+    std::erase_if(config.layer_codecs, same_layer);
+    config.layer_codecs.push_back(std::move(layer));
+  }
   KVS_RETURN_IF_ERROR(ValidateKvConfig(config));
   return config;
 }
@@ -57,13 +94,21 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LoadModel(const std::string& path) {
 }
 
 nlohmann::json KvConfigJson(const KvConfig& config) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const KvConfig::LayerCodecs& layer : config.layer_codecs) {
+    layers.push_back(
+        {{"layer_idx", layer.layer_idx}, {"k_codec", layer.k_codec}, {"v_codec", layer.v_codec}});
+  }
   return nlohmann::json{{"layout", std::string(LayoutName(config.layout))},
                         {"block_size", config.block_size},
                         {"k_codec", config.k_codec},
                         {"v_codec", config.v_codec},
                         {"capacity", config.capacity},
                         {"max_sequences", config.max_sequences},
-                        {"policy", config.policy}};
+                        {"policy", config.policy},
+                        {"sink_tokens", config.sink_tokens},
+                        {"hadamard_keys", config.hadamard_keys},
+                        {"layer_codecs", layers}};
 }
 
 ProgressBar::ProgressBar(std::string label)

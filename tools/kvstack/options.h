@@ -5,6 +5,8 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "kvstack/engine.h"
@@ -15,10 +17,11 @@
 namespace kvstack::cli {
 
 // The cache flags. A TOML file (--kv-config) gives the starting values; each flag given on
-// the command line overrides its key.
+// the command line overrides its key (--layer-codec replaces the TOML table of its layer).
 class CacheFlags {
  public:
-  void Add(CLI::App* app);
+  // with_codec_flags = false leaves --k-codec / --v-codec to the command (sweep takes lists).
+  void Add(CLI::App* app, bool with_codec_flags = true);
   absl::StatusOr<KvConfig> Resolve() const;
 
  private:
@@ -27,6 +30,10 @@ class CacheFlags {
   int block_size_ = 0;
   int64_t capacity_ = 0;
   int max_sequences_ = 0;
+  int sink_tokens_ = 0;
+  bool hadamard_keys_ = false;
+  std::vector<std::string> layer_codecs_;
+  CLI::Option* sink_tokens_opt_ = nullptr;
   CLI::Option* layout_opt_ = nullptr;
   CLI::Option* block_size_opt_ = nullptr;
   CLI::Option* k_codec_opt_ = nullptr;
@@ -43,6 +50,10 @@ struct EngineFlags {
 };
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LoadModel(const std::string& path);
+
+// Parses one --layer-codec value "L:K:V" (layer index, key codec, value codec; K or V may be
+// empty to keep the default). Codec names are checked later, with the whole configuration.
+absl::StatusOr<KvConfig::LayerCodecs> ParseLayerCodec(std::string_view spec);
 
 nlohmann::json KvConfigJson(const KvConfig& config);
 

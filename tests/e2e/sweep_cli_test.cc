@@ -1,0 +1,195 @@
+// `kvstack sweep` as a user runs it: the real binary on the real model and a slice of real
+// text, a few windows per configuration. Checks the markdown table, the CSV and JSON rows, the
+// plot files, and that bad input gets one line and exit code 1 before any work.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+const std::string kShared = KVS_SHARED_DIR;
+const std::string kModel = kShared + "/models/stories260K.gguf";
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Runs the CLI with `env` (e.g. "PATH=/x") in front of it, capturing stdout and stderr.
+CommandResult RunCli(const std::string& args, const std::string& env = "") {
+  const std::string dir = testing::TempDir();
+  const std::string out = dir + "/sweep_out.txt";
+  const std::string err = dir + "/sweep_err.txt";
+  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(KVS_CLI_PATH) +
+                          " " + args + " >" + out + " 2>" + err + " </dev/null";
+  const int status = std::system(cmd.c_str());
+  CommandResult result;
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  result.out = Slurp(out);
+  result.err = Slurp(err);
+  return result;
+}
+
+int Lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+class SweepCliTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::TempDir() + "/sweep_cli";
+    std::filesystem::create_directories(dir_);
+    // A slice of the validation text: enough for the 3 windows of 64 tokens each run uses.
+    const std::string text = Slurp(kShared + "/data/tinystories_valid_head256k.txt");
+    std::ofstream(dir_ + "/slice.txt") << text.substr(0, 4000);
+  }
+
+  std::string Base() const {
+    return "sweep -m " + kModel + " -f " + dir_ + "/slice.txt --ctx 64 --max-windows 3 --threads 2";
+  }
+
+  std::string dir_;
+};
+
+TEST_F(SweepCliTest, GridWritesTableCsvJsonAndPlot) {
+  for (const char* ext : {".csv", ".json", ".png", ".svg"}) {
+    std::filesystem::remove(dir_ + "/out" + ext);
+  }
+  const CommandResult r = RunCli(Base() + " --k-codec f32,bf16 --v-codec f16,bf16 --csv " + dir_ +
+                                 "/out.csv --json " + dir_ + "/out.json --plot " + dir_ + "/out");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+
+  // Markdown table: header, separator, one row per K x V pair, in grid order.
+  EXPECT_NE(r.out.find("| config (k / v) | bits/elem | bytes/token/layer |"), std::string::npos)
+      << r.out;
+  const size_t f32_f16 = r.out.find("| f32 / f16 | 24.00 | 192.0 | 0.67x |");
+  const size_t f32_bf16 = r.out.find("| f32 / bf16 |");
+  const size_t bf16_f16 = r.out.find("| bf16 / f16 |");
+  const size_t bf16_bf16 = r.out.find("| bf16 / bf16 | 16.00 | 128.0 | 1.00x |");
+  ASSERT_NE(f32_f16, std::string::npos) << r.out;
+  ASSERT_NE(bf16_bf16, std::string::npos) << r.out;
+  EXPECT_LT(f32_f16, f32_bf16);
+  EXPECT_LT(f32_bf16, bf16_f16);
+  EXPECT_LT(bf16_f16, bf16_bf16);
+  EXPECT_NE(r.out.find("93 tokens scored in 3 windows of 64"), std::string::npos) << r.out;
+
+  const std::string csv = Slurp(dir_ + "/out.csv");
+  EXPECT_EQ(csv.substr(0, csv.find('\n')),
+            "k_codec,v_codec,bits_per_element,bytes_per_token_per_layer,compression_vs_f16,ppl,"
+            "ppl_stderr,delta_ppl_pct,mean_kl,top1_agreement,tokens_scored,"
+            "decode_attention_us_per_token");
+  EXPECT_EQ(Lines(csv), 1 + 4);
+  EXPECT_NE(csv.find("\nbf16,bf16,16,128,1,"), std::string::npos) << csv;
+
+  const auto json = nlohmann::json::parse(Slurp(dir_ + "/out.json"));
+  EXPECT_EQ(json["ctx"], 64);
+  EXPECT_EQ(json["windows"], 3);
+  EXPECT_EQ(json["reference"]["config"]["k_codec"], "f32");
+  const double reference_ppl = json["reference"]["ppl"].get<double>();
+  EXPECT_GT(reference_ppl, 1.0);
+  ASSERT_EQ(json["rows"].size(), 4u);
+  for (const auto& row : json["rows"]) {
+    for (const char* key : {"bits_per_element", "bytes_per_token_per_layer", "compression_vs_f16",
+                            "ppl", "ppl_stderr", "delta_ppl_pct", "mean_kl", "top1_agreement",
+                            "tokens_scored", "decode_attention_us_per_token"}) {
+      EXPECT_TRUE(row.contains(key)) << key;
+    }
+    EXPECT_EQ(row["config"]["k_codec"], row["k_codec"]);
+    EXPECT_EQ(row["tokens_scored"], 93);
+    EXPECT_GE(row["mean_kl"].get<double>(), 0.0);
+    EXPECT_NEAR(row["delta_ppl_pct"].get<double>(),
+                100.0 * (row["ppl"].get<double>() / reference_ppl - 1.0), 1e-9);
+  }
+
+  const std::string png = Slurp(dir_ + "/out.png");
+  const std::string svg = Slurp(dir_ + "/out.svg");
+  ASSERT_GT(png.size(), 8u);
+  EXPECT_EQ(png.substr(0, 8), "\x89PNG\r\n\x1a\n");
+  EXPECT_NE(svg.find("<svg"), std::string::npos);
+  EXPECT_NE(svg.find("bf16 / bf16"), std::string::npos);  // the points are labelled
+}
+
+TEST_F(SweepCliTest, PairsZipTheListsAndF32MatchesTheReference) {
+  const CommandResult r = RunCli(Base() + " --pairs --k-codec f32,f16 --v-codec f32,f16 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // --json - makes stdout pure JSON (no table).
+  const auto json = nlohmann::json::parse(r.out);
+  ASSERT_EQ(json["rows"].size(), 2u);
+  EXPECT_EQ(json["rows"][0]["k_codec"], "f32");
+  EXPECT_EQ(json["rows"][0]["v_codec"], "f32");
+  EXPECT_EQ(json["rows"][0]["mean_kl"].get<double>(), 0.0);
+  EXPECT_EQ(json["rows"][0]["top1_agreement"].get<double>(), 1.0);
+  EXPECT_EQ(json["rows"][0]["delta_ppl_pct"].get<double>(), 0.0);
+  EXPECT_EQ(json["rows"][1]["k_codec"], "f16");
+  EXPECT_EQ(json["rows"][1]["v_codec"], "f16");
+  EXPECT_GT(json["rows"][1]["mean_kl"].get<double>(), 0.0);
+}
+
+TEST_F(SweepCliTest, CacheFlagsReachTheBaseConfig) {
+  const CommandResult r = RunCli(Base() +
+                                 " --k-codec f16 --v-codec f16 --sinks 4 --hadamard-keys "
+                                 "--layer-codec 0:f32: --layer-codec 1::bf16 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto json = nlohmann::json::parse(r.out);
+  const auto& config = json["rows"][0]["config"];
+  EXPECT_EQ(config["sink_tokens"], 4);
+  EXPECT_EQ(config["hadamard_keys"], true);
+  ASSERT_EQ(config["layer_codecs"].size(), 2u);
+  EXPECT_EQ(config["layer_codecs"][0]["layer_idx"], 0);
+  EXPECT_EQ(config["layer_codecs"][0]["k_codec"], "f32");
+  EXPECT_EQ(config["layer_codecs"][0]["v_codec"], "");
+  EXPECT_EQ(config["layer_codecs"][1]["v_codec"], "bf16");
+  // Layer 0 keys at 32 bits, layer 1 values at 16: the mean over 5 layers moves off 16.
+  EXPECT_DOUBLE_EQ(json["rows"][0]["bits_per_element"].get<double>(), (16.0 * 4 + 24.0) / 5);
+  // The reference is plain F32: no overrides, no sinks, no rotation.
+  EXPECT_TRUE(json["reference"]["config"]["layer_codecs"].empty());
+  EXPECT_EQ(json["reference"]["config"]["sink_tokens"], 0);
+}
+
+TEST_F(SweepCliTest, BadInputGetsOneLineAndExitOne) {
+  const std::string plot = dir_ + "/never";
+  for (const std::string& args : {
+           Base() + " --k-codec f16,no_such_codec --plot " + plot,  // unknown codec
+           Base() + " --layer-codec 0:f16",                         // missing V field
+           Base() + " --layer-codec x:f16:f16",                     // layer not a number
+           Base() + " --pairs --k-codec f16,bf16 --v-codec f16",    // lists of unequal length
+           Base() + " --csv /no/such/dir/out.csv",                  // unwritable output
+       }) {
+    const CommandResult r = RunCli(args);
+    EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.err;
+    EXPECT_EQ(Lines(r.err), 1) << args << "\n" << r.err;
+    EXPECT_EQ(r.err.rfind("kvstack: ", 0), 0u) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+  EXPECT_FALSE(std::filesystem::exists(plot + ".png"));
+  EXPECT_NE(RunCli(Base() + " --k-codec f16,no_such_codec").err.find("no_such_codec"),
+            std::string::npos);
+  EXPECT_NE(RunCli(Base() + " --layer-codec 0:f16").err.find("L:K:V"), std::string::npos);
+}
+
+TEST_F(SweepCliTest, MissingGnuplotIsAClearErrorBeforeAnyWork) {
+  const CommandResult r = RunCli(Base() + " --plot " + dir_ + "/nogp", "PATH=/nonexistent");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("gnuplot"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+}
+
+}  // namespace
