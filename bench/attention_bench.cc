@@ -5,18 +5,25 @@
 // useful multiply-adds (q.k and p.v over the causal triangle).
 //
 // Shapes: A = the model benchmark (8 kv heads, 8 query heads, head_dim 64); B = a GQA model
-// (8 kv heads, 32 query heads, head_dim 128). Arguments: tokens, threads.
+// (8 kv heads, 32 query heads, head_dim 128) in every codec with a fast path. Arguments:
+// tokens, threads. Contexts of 32k and 64k tokens run with --long_contexts (the default run
+// stays near a minute). At the end a table gives, per context and codec, the time per decode
+// step, the cache read rate, its fraction of the bandwidth and the speed-up over bf16.
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "benchmark/benchmark.h"
-#include "kvstack/numeric.h"
+#include "kvstack/codec.h"
 #include "run/attention.h"
 #include "run/memory_bandwidth.h"
 
@@ -39,48 +46,63 @@ ThreadPool* Pool(int num_threads) {
   return pool.get();
 }
 
-// A paged view over random data, block_size 16, blocks in order. Owns its bytes.
+// A paged view over random data encoded with one codec for keys and values, block_size 16
+// (or the codec's unit, when larger), blocks in order. Owns its bytes.
 struct BenchCache {
+  std::unique_ptr<Codec> k_codec, v_codec;
   std::vector<std::byte> k_arena, v_arena;
   std::vector<int32_t> block_table;
   KvLayerView view;
 
-  BenchCache(int num_tokens, int num_kv_heads, int head_dim, CodecId codec) {
-    const int num_blocks = (num_tokens + kBlockSize - 1) / kBlockSize;
+  BenchCache(int num_tokens, int num_kv_heads, int head_dim, const std::string& codec) {
+    k_codec = CreateCodec(codec, head_dim, CodecRole::kKey).value();
+    v_codec = CreateCodec(codec, head_dim, CodecRole::kValue).value();
+    const int unit_len = std::max(k_codec->group_tokens(), v_codec->group_tokens());
+    const int block_size = std::max(kBlockSize, unit_len);
+    num_tokens = num_tokens / unit_len * unit_len;  // whole units: no pending segment
+    const int num_blocks = (num_tokens + block_size - 1) / block_size;
     block_table.resize(num_blocks);
     for (int b = 0; b < num_blocks; ++b) block_table[b] = b;
-    const size_t elem_bytes = codec == CodecId::kF32 ? 4 : 2;
     std::mt19937 rng(1);
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-    auto fill = [&](std::vector<std::byte>& arena, KvArenaView& arena_view) {
-      arena_view.codec = codec;
-      arena_view.unit_bytes = elem_bytes * head_dim;
-      arena_view.head_stride = arena_view.unit_bytes * kBlockSize;
+    auto fill = [&](const Codec& c, std::vector<std::byte>& arena, KvArenaView& arena_view) {
+      arena_view.codec = c.id();
+      arena_view.codec_impl = &c;
+      arena_view.group_tokens = c.group_tokens();
+      arena_view.unit_bytes = c.unit_bytes();
+      arena_view.head_stride = arena_view.unit_bytes * (block_size / c.group_tokens());
       arena_view.block_stride = arena_view.head_stride * num_kv_heads;
       arena.resize(arena_view.block_stride * num_blocks);
-      for (size_t i = 0; i < arena.size(); i += elem_bytes) {
-        const float x = dist(rng);
-        if (codec == CodecId::kF32) {
-          std::memcpy(&arena[i], &x, 4);
-        } else {
-          const uint16_t bits = codec == CodecId::kF16 ? F32ToF16(x) : F32ToBF16(x);
-          std::memcpy(&arena[i], &bits, 2);
+      // Every unit of the arena holds encoded random data (the blocks are full).
+      std::vector<float> data(static_cast<size_t>(block_size) * head_dim);
+      for (int b = 0; b < num_blocks; ++b) {
+        for (int h = 0; h < num_kv_heads; ++h) {
+          for (float& x : data) x = dist(rng);
+          c.EncodeHead(h, data,
+                       {arena.data() + b * arena_view.block_stride + h * arena_view.head_stride,
+                        arena_view.head_stride});
         }
       }
       arena_view.base = arena.data();
     };
-    fill(k_arena, view.k);
-    fill(v_arena, view.v);
+    fill(*k_codec, k_arena, view.k);
+    fill(*v_codec, v_arena, view.v);
     view.block_table = block_table;
-    view.block_size = kBlockSize;
+    view.block_size = block_size;
     view.num_tokens = num_tokens;
     view.num_kv_heads = num_kv_heads;
     view.head_dim = head_dim;
   }
 };
 
+// Seconds per decode step by (codec, tokens), for the summary table.
+std::map<std::pair<std::string, int>, double>& DecodeTimes() {
+  static std::map<std::pair<std::string, int>, double> times;
+  return times;
+}
+
 void BM_Decode(benchmark::State& state, int num_kv_heads, int num_heads, int head_dim,
-               CodecId codec) {
+               std::string codec, bool record) {
   const int num_tokens = static_cast<int>(state.range(0));
   const int num_threads = static_cast<int>(state.range(1));
   const BenchCache cache(num_tokens, num_kv_heads, head_dim, codec);
@@ -88,9 +110,15 @@ void BM_Decode(benchmark::State& state, int num_kv_heads, int num_heads, int hea
   std::vector<float> out(q.size());
   const AttentionParams params{num_heads, 1.0f / std::sqrt(static_cast<float>(head_dim))};
   ThreadPool* pool = Pool(num_threads);
+  const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) {
     Attention(cache.view, q.data(), 1, params, out.data(), pool);
     benchmark::DoNotOptimize(out.data());
+  }
+  if (record) {
+    DecodeTimes()[{codec, num_tokens}] =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+        static_cast<double>(state.iterations());
   }
   const double bytes = static_cast<double>(DecodeBytesRead(cache.view)) * state.iterations();
   state.SetBytesProcessed(static_cast<int64_t>(bytes));
@@ -99,7 +127,7 @@ void BM_Decode(benchmark::State& state, int num_kv_heads, int num_heads, int hea
 }
 
 void BM_Prefill(benchmark::State& state, int num_kv_heads, int num_heads, int head_dim,
-                CodecId codec) {
+                std::string codec) {
   const int num_tokens = static_cast<int>(state.range(0));
   const int num_threads = static_cast<int>(state.range(1));
   const BenchCache cache(num_tokens, num_kv_heads, head_dim, codec);
@@ -122,30 +150,60 @@ void BM_Prefill(benchmark::State& state, int num_kv_heads, int num_heads, int he
       static_cast<double>(num_tokens) * state.iterations(), benchmark::Counter::kIsRate);
 }
 
-void RegisterAll() {
-  const struct {
-    const char* name;
-    CodecId codec;
-  } codecs[] = {{"f16", CodecId::kF16}, {"bf16", CodecId::kBF16}, {"f32", CodecId::kF32}};
-  for (const auto& c : codecs) {
-    auto* a = benchmark::RegisterBenchmark((std::string("DecodeA/") + c.name).c_str(), BM_Decode, 8,
-                                           8, 64, c.codec);
+// Shape B's codecs: the floats and every codec with a fast path.
+const char* const kCodecsB[] = {"bf16", "f16", "int8", "int4", "kivi4", "kivi2"};
+constexpr int kThreadsB = 2;
+
+void RegisterAll(bool long_contexts) {
+  for (const char* codec : {"f16", "bf16", "f32"}) {
+    auto* a = benchmark::RegisterBenchmark((std::string("DecodeA/") + codec).c_str(), BM_Decode, 8,
+                                           8, 64, std::string(codec), false);
     for (int tokens : {1024, 4096, 16384}) {
       for (int threads : {1, 2}) a->Args({tokens, threads});
     }
     a->UseRealTime()->Unit(benchmark::kMicrosecond);
   }
-  for (const auto& c : codecs) {
-    auto* b = benchmark::RegisterBenchmark((std::string("DecodeB/") + c.name).c_str(), BM_Decode, 8,
-                                           32, 128, c.codec);
-    for (int tokens : {1024, 4096, 16384, 65536}) b->Args({tokens, 2});
+  for (const char* codec : kCodecsB) {
+    auto* b = benchmark::RegisterBenchmark((std::string("DecodeB/") + codec).c_str(), BM_Decode, 8,
+                                           32, 128, std::string(codec), true);
+    for (int tokens : {1024, 4096, 16384}) b->Args({tokens, kThreadsB});
+    if (long_contexts) {
+      for (int tokens : {32768, 65536}) b->Args({tokens, kThreadsB});
+    }
     b->UseRealTime()->Unit(benchmark::kMicrosecond);
   }
-  benchmark::RegisterBenchmark("PrefillA/f16", BM_Prefill, 8, 8, 64, CodecId::kF16)
+  benchmark::RegisterBenchmark("PrefillA/f16", BM_Prefill, 8, 8, 64, std::string("f16"))
       ->Args({4096, 1})
       ->Args({4096, 2})
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond);
+}
+
+// The shape-B decode table: per context and codec, microseconds per step, GB/s of cache read,
+// that rate over the measured bandwidth, and the speed-up over bf16 at the same context.
+void PrintDecodeTable() {
+  if (DecodeTimes().empty()) return;
+  std::printf(
+      "\nDecode, 8 kv heads x head_dim 128, 32 query heads, %d threads "
+      "(bandwidth %.1f GB/s):\n",
+      kThreadsB, Bandwidth()[kThreadsB] / 1e9);
+  std::printf("%8s %-7s %10s %8s %9s %8s\n", "tokens", "codec", "us/step", "GB/s", "fraction",
+              "vs bf16");
+  std::map<int, double> bf16;
+  for (const auto& [key, seconds] : DecodeTimes()) {
+    if (key.first == "bf16") bf16[key.second] = seconds;
+  }
+  for (int tokens : {1024, 4096, 16384, 32768, 65536}) {
+    for (const char* codec : kCodecsB) {
+      const auto it = DecodeTimes().find({codec, tokens});
+      if (it == DecodeTimes().end()) continue;
+      const double seconds = it->second;
+      const BenchCache cache(tokens, 8, 128, codec);  // for its byte count only
+      const double rate = static_cast<double>(DecodeBytesRead(cache.view)) / seconds;
+      std::printf("%8d %-7s %10.1f %8.2f %9.2f %8.2f\n", tokens, codec, seconds * 1e6, rate / 1e9,
+                  rate / Bandwidth()[kThreadsB], bf16.count(tokens) ? bf16[tokens] / seconds : 0.0);
+    }
+  }
 }
 
 }  // namespace
@@ -159,8 +217,13 @@ int main(int argc, char** argv) {
     kvstack::Bandwidth()[threads] = bw;
     std::printf("read bandwidth, %d thread(s): %.1f GB/s\n", threads, bw / 1e9);
   }
-  kvstack::RegisterAll();
+  bool long_contexts = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--long_contexts") long_contexts = true;
+  }
+  kvstack::RegisterAll(long_contexts);
   benchmark::RunSpecifiedBenchmarks();
+  kvstack::PrintDecodeTable();
   benchmark::Shutdown();
   return 0;
 }

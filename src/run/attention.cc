@@ -75,6 +75,7 @@ enum ScratchSlot {
   kSlotUnit,
   kSlotHeaders,
   kSlotQuery,
+  kSlotSplitQuery,
   kNumSlots
 };
 
@@ -94,17 +95,18 @@ enum class Reader {
   kInt8,   // [f16 scale][int8 codes]; loads raw codes, the caller applies the scale
   kInt4,   // asymmetric groups: header [(f16 scale, f16 min)...], codes elsewhere
   kInt2,   //   (per-token groups, or one pair per multi-token unit)
-  kKivi4,  // KIVI keys: loads raw codes; per-channel scale/min are folded into the query
-  kKivi2,
+  kKivi4,  // KIVI keys: raw codes in split order (below); per-channel scale/min are folded
+  kKivi2,  //   into the query
+  kInt4S,  // kInt4 in split order, for groups that are whole blocks
 };
 
 constexpr bool IsFloatReader(Reader r) {
   return r == Reader::kF32 || r == Reader::kF16 || r == Reader::kBF16;
 }
 constexpr int ReaderBits(Reader r) {
-  return r == Reader::kInt4 || r == Reader::kKivi4   ? 4
-         : r == Reader::kInt2 || r == Reader::kKivi2 ? 2
-                                                     : 8;
+  return r == Reader::kInt4 || r == Reader::kKivi4 || r == Reader::kInt4S ? 4
+         : r == Reader::kInt2 || r == Reader::kKivi2                      ? 2
+                                                                          : 8;
 }
 
 // Where the keys (or values) of one tile are: rows[i] is the data of tile key i in the reader's
@@ -116,6 +118,7 @@ struct RowSet {
   int group_elems = 0;        // kInt4/kInt2: elements per (scale, min) pair within a row
   int num_header_floats = 0;  // kInt4/kInt2: 2 * groups per row
   size_t prefetch_bytes = 0;  // bytes worth prefetching per row (0: do not prefetch)
+  size_t row_step = 0;        // bytes between consecutive rows of one run
 };
 
 // Scalar decode of element `i` of a stored float row.
@@ -173,14 +176,49 @@ HWY_INLINE hn::Vec<D> LoadCodes(D d, const std::byte* codes, size_t i) {
   }
 }
 
+// Split order. Unpacking b-bit codes into element order costs more than the arithmetic on
+// them, so the split readers take a block of P = (8 / b) * Lanes(d) elements from Lanes(d)
+// bytes with one widening load — byte l of the block in lane l — and part r of the block is
+// then (x >> r*b) & mask: the elements l * (8 / b) + r. The kernels work in that order
+// instead: queries are permuted into it once per tile and value accumulators are permuted
+// back once per task. Position p of a row in split order holds element SplitElement(p).
+HWY_INLINE size_t SplitElement(size_t pos, size_t lanes, size_t parts) {
+  const size_t block = lanes * parts;
+  const size_t in_block = pos % block;
+  return pos - in_block + (in_block % lanes) * parts + in_block / lanes;
+}
+
+constexpr bool IsSplitReader(Reader r) {
+  return r == Reader::kInt4S || r == Reader::kKivi4 || r == Reader::kKivi2;
+}
+
+// The bytes of one split block (P elements from `first`), one per i32 lane.
+template <int kBits, class D>
+HWY_INLINE hn::Vec<hn::Rebind<int32_t, D>> LoadSplitBlock(D d, const std::byte* codes,
+                                                          size_t first) {
+  const hn::Rebind<int32_t, D> di;
+  const hn::Rebind<uint8_t, D> du8;
+  return hn::BitCast(di, hn::PromoteTo(hn::Rebind<uint32_t, D>(),
+                                       hn::LoadU(du8, reinterpret_cast<const uint8_t*>(codes) +
+                                                          first * kBits / 8)));
+}
+
+// Part r of a split block as floats (codes, not dequantised).
+template <int kBits, class D>
+HWY_INLINE hn::Vec<D> SplitPart(D d, hn::Vec<hn::Rebind<int32_t, D>> block, int r) {
+  const hn::Rebind<int32_t, D> di;
+  return hn::ConvertTo(
+      d, hn::And(hn::ShiftRightSame(block, r * kBits), hn::Set(di, (1 << kBits) - 1)));
+}
+
 // Loads Lanes(d) elements of a stored row starting at element `i`, converted to f32 in
-// registers: floats as stored, integer groups dequantised (hf: the row's header as floats,
-// group_elems: elements per group), int8 and KIVI as raw codes (their callers apply the
-// scales). One-lane tags take the scalar path: a one-lane 16-bit Highway load may read past
-// the element, and the row may end the arena.
+// registers: floats as stored, integer groups dequantised with the (scale, min) of the group
+// holding them, int8 and KIVI as raw codes (their callers apply the scales). One-lane tags
+// take the scalar path: a one-lane 16-bit Highway load may read past the element, and the row
+// may end the arena.
 template <Reader kR, class D>
-HWY_INLINE hn::Vec<D> LoadRow(D d, const std::byte* row, size_t i, const float* hf,
-                              size_t group_elems) {
+HWY_INLINE hn::Vec<D> LoadRow(D d, const std::byte* row, size_t i, hn::Vec<D> scale = hn::Zero(D()),
+                              hn::Vec<D> min = hn::Zero(D())) {
   if constexpr (IsFloatReader(kR) && hn::MaxLanes(D()) == 1) {
     return hn::Set(d, LoadScalar<kR>(row, i));
   } else if constexpr (kR == Reader::kF32) {
@@ -194,9 +232,7 @@ HWY_INLINE hn::Vec<D> LoadRow(D d, const std::byte* row, size_t i, const float* 
   } else if constexpr (kR == Reader::kInt8) {
     return LoadCodes<8>(d, row + sizeof(uint16_t), i);
   } else if constexpr (kR == Reader::kInt4 || kR == Reader::kInt2) {
-    const size_t g = i / group_elems;
-    return hn::MulAdd(LoadCodes<ReaderBits(kR)>(d, row, i), hn::Set(d, hf[2 * g]),
-                      hn::Set(d, hf[2 * g + 1]));
+    return hn::MulAdd(LoadCodes<ReaderBits(kR)>(d, row, i), scale, min);
   } else {
     return LoadCodes<ReaderBits(kR)>(d, row, i);
   }
@@ -212,10 +248,10 @@ HWY_INLINE void ConvertRow(const std::byte* row, size_t head_dim, float* HWY_RES
   const size_t n = hn::Lanes(df);
   size_t i = 0;
   for (; i + n <= head_dim; i += n) {
-    hn::StoreU(LoadRow<kR>(df, row, i, nullptr, 0), df, dst + i);
+    hn::StoreU(LoadRow<kR>(df, row, i), df, dst + i);
   }
   for (; i + 4 <= head_dim; i += 4) {
-    hn::StoreU(LoadRow<kR>(d4, row, i, nullptr, 0), d4, dst + i);
+    hn::StoreU(LoadRow<kR>(d4, row, i), d4, dst + i);
   }
   for (; i < head_dim; ++i) dst[i] = LoadScalar<kR>(row, i);
 }
@@ -356,7 +392,18 @@ void FillRows(const KvLayerView& view, const SideSpec& side, bool keys, int kv_h
       const KvArenaView& arena = *side.arena;
       const int group_tokens = arena.group_tokens;
       set->prefetch_bytes = group_tokens == 1 ? arena.unit_bytes : side.row_code_bytes;
+      set->row_step = set->prefetch_bytes;
       view.ForEachRun(t0, t1, [&](int logical, int count, int32_t block_id, int row) {
+        if (group_tokens == 1) {  // rows one unit apart: no division per row
+          const std::byte* unit = arena.Unit(block_id, row, kv_head);
+          const std::byte** hdrs = set->hdrs + (logical - t0);
+          const std::byte** rows = set->rows + (logical - t0);
+          for (int r = 0; r < count; ++r, unit += arena.unit_bytes) {
+            hdrs[r] = unit;
+            rows[r] = unit + side.code_offset;
+          }
+          return;
+        }
         for (int r = 0; r < count; ++r) {
           const int slot_row = row + r;
           const std::byte* unit = arena.Unit(block_id, slot_row / group_tokens, kv_head);
@@ -417,12 +464,20 @@ HWY_INLINE void SumOfLanes4(D d, V a, V b, V c, V e, float* HWY_RESTRICT out) {
 }
 
 // The header floats of a row of an integer-group reader: (scale, min) pairs.
+// (F16 conversions in vectors: the software scalar one would cost more than the row.)
 template <Reader kR>
 HWY_INLINE void LoadHeader(const RowSet& set, size_t key, float* HWY_RESTRICT hf) {
-  if constexpr (kR == Reader::kInt4 || kR == Reader::kInt2) {
-    for (int i = 0; i < set.num_header_floats; ++i) {
-      hf[i] = LoadF16Scalar(set.hdrs[key] + i * sizeof(uint16_t));
+  if constexpr (kR == Reader::kInt4 || kR == Reader::kInt2 || kR == Reader::kInt4S) {
+    const std::byte* hdr = set.hdrs[key];
+    const hn::CappedTag<float, 4> d4;
+    const hn::Rebind<hwy::float16_t, decltype(d4)> d16;
+    int i = 0;
+    for (; i + 4 <= set.num_header_floats; i += 4) {
+      hn::StoreU(
+          hn::PromoteTo(d4, hn::LoadU(d16, reinterpret_cast<const hwy::float16_t*>(hdr) + i)), d4,
+          hf + i);
     }
+    for (; i < set.num_header_floats; ++i) hf[i] = LoadF16Scalar(hdr + i * sizeof(uint16_t));
   }
 }
 
@@ -439,22 +494,59 @@ HWY_INLINE void ScoreFourRows(D d, const RowSet& keys, size_t key0, const float*
     rows[key] = keys.rows[key0 + key];
     LoadHeader<kK>(keys, key0 + key, hf[key]);
   }
-  const size_t group_elems = static_cast<size_t>(keys.group_elems);
+  constexpr bool kGroups = kK == Reader::kInt4 || kK == Reader::kInt2 || kK == Reader::kInt4S;
+  // Loops over the (scale, min) groups, then their vectors: no division in the hot loop.
+  const size_t group_elems = kGroups ? static_cast<size_t>(keys.group_elems) : head_dim;
   hn::Vec<D> acc[kNumQ][4];
   HWY_UNROLL(8)
   for (int j = 0; j < kNumQ; ++j) {
     HWY_UNROLL(8)
     for (int key = 0; key < 4; ++key) acc[j][key] = hn::Zero(d);
   }
-  for (size_t i = 0; i < head_dim; i += n) {
-    hn::Vec<D> k[4];
-    HWY_UNROLL(8)
-    for (int key = 0; key < 4; ++key) k[key] = LoadRow<kK>(d, rows[key], i, hf[key], group_elems);
-    HWY_UNROLL(8)
-    for (int j = 0; j < kNumQ; ++j) {
-      const auto qv = hn::LoadU(d, q + j * head_dim + i);
-      HWY_UNROLL(8)
-      for (int key = 0; key < 4; ++key) acc[j][key] = hn::MulAdd(qv, k[key], acc[j][key]);
+  for (size_t g0 = 0, g = 0; g0 < head_dim; g0 += group_elems, ++g) {
+    hn::Vec<D> scale[4], min[4];
+    HWY_UNROLL(4)
+    for (int key = 0; key < 4; ++key) {
+      scale[key] = kGroups ? hn::Set(d, hf[key][2 * g]) : hn::Zero(d);
+      min[key] = kGroups ? hn::Set(d, hf[key][2 * g + 1]) : hn::Zero(d);
+    }
+    if constexpr (IsSplitReader(kK)) {
+      constexpr int kBits = ReaderBits(kK);
+      constexpr int kParts = 8 / kBits;
+      for (size_t b0 = g0; b0 < g0 + group_elems; b0 += kParts * n) {
+        hn::Vec<hn::Rebind<int32_t, D>> x[4];
+        HWY_UNROLL(4)
+        for (int key = 0; key < 4; ++key) x[key] = LoadSplitBlock<kBits>(d, rows[key], b0);
+        HWY_UNROLL(4)
+        for (int r = 0; r < kParts; ++r) {
+          hn::Vec<D> k[4];
+          HWY_UNROLL(4)
+          for (int key = 0; key < 4; ++key) {
+            k[key] = SplitPart<kBits>(d, x[key], r);
+            if constexpr (kGroups) k[key] = hn::MulAdd(k[key], scale[key], min[key]);
+          }
+          HWY_UNROLL(8)
+          for (int j = 0; j < kNumQ; ++j) {
+            const auto qv = hn::LoadU(d, q + j * head_dim + b0 + r * n);
+            HWY_UNROLL(8)
+            for (int key = 0; key < 4; ++key) acc[j][key] = hn::MulAdd(qv, k[key], acc[j][key]);
+          }
+        }
+      }
+    } else {
+      for (size_t i = g0; i < g0 + group_elems; i += n) {
+        hn::Vec<D> k[4];
+        HWY_UNROLL(8)
+        for (int key = 0; key < 4; ++key) {
+          k[key] = LoadRow<kK>(d, rows[key], i, scale[key], min[key]);
+        }
+        HWY_UNROLL(8)
+        for (int j = 0; j < kNumQ; ++j) {
+          const auto qv = hn::LoadU(d, q + j * head_dim + i);
+          HWY_UNROLL(8)
+          for (int key = 0; key < 4; ++key) acc[j][key] = hn::MulAdd(qv, k[key], acc[j][key]);
+        }
+      }
     }
   }
   HWY_UNROLL(8)
@@ -470,6 +562,14 @@ HWY_INLINE void ScoreFourRows(D d, const RowSet& keys, size_t key0, const float*
   }
 }
 
+// Query heads per scoring step: the accumulators of 4 heads x 4 keys fit in the 32 vector
+// registers of AVX-512, and each key element is then converted once per 4 heads.
+#if HWY_TARGET <= HWY_AVX3
+constexpr int kScoreHeadStep = 4;
+#else
+constexpr int kScoreHeadStep = 2;
+#endif
+
 // Runs fn(j, num_q) over the query heads of a group in steps of kMaxStep (4 or 2), 2 and 1,
 // so that each key or value element is converted once per step of heads.
 template <int kMaxStep, class Fn>
@@ -484,12 +584,17 @@ HWY_INLINE void ForEachHeadStep(int group, Fn&& fn) {
 
 // Requests the rows kPrefetchAhead keys past `key` (keys and values both: the value pass then
 // reads from L2). Blocks of a paged cache are a few KiB apart from the next block of the same
-// head, which stops the hardware prefetchers at every block.
+// head, which stops the hardware prefetchers at every block; inside a run of consecutive rows
+// they keep up by themselves. So only a row that starts a new run is requested, with the
+// next kPrefetchRunBytes: prefetching every line of every row cost a fifth of the decode time
+// for caches that fit in L2.
+constexpr size_t kPrefetchRunBytes = 1024;
 HWY_INLINE void PrefetchAhead(const RowSet& set, size_t key, size_t num_keys) {
   if (set.prefetch_bytes == 0) return;
   for (size_t ahead = key + kPrefetchAhead; ahead < std::min(num_keys, key + kPrefetchAhead + 4);
        ++ahead) {
-    for (size_t line = 0; line < set.prefetch_bytes; line += kCacheLine) {
+    if (set.rows[ahead] == set.rows[ahead - 1] + set.row_step) continue;
+    for (size_t line = 0; line < kPrefetchRunBytes; line += kCacheLine) {
       hwy::Prefetch(set.rows[ahead] + line);
     }
   }
@@ -501,31 +606,46 @@ template <Reader kK, class D>
 void ScoreTile(const RowSet& keys, const RowSet& values, size_t num_keys, const float* q, int group,
                size_t head_dim, float* s, size_t s_stride) {
   const D d;
+  const size_t n = hn::Lanes(d);
   const size_t num_keys4 = (num_keys + 3) / 4 * 4;
+  if constexpr (IsSplitReader(kK)) {
+    // The queries in split order.
+    const size_t parts = 8 / ReaderBits(kK);
+    float* qs = Scratch(kSlotSplitQuery, group * head_dim);  // [group, head_dim]
+    for (int j = 0; j < group; ++j) {
+      for (size_t pos = 0; pos < head_dim; ++pos) {
+        qs[j * head_dim + pos] = q[j * head_dim + SplitElement(pos, n, parts)];
+      }
+    }
+    q = qs;
+  }
   if constexpr (kK == Reader::kKivi4 || kK == Reader::kKivi2) {
     // Per unit: q'_c = q_c * scale_c and bias = sum_c q_c * min_c, so that each key's score
     // is q' . codes + bias with the codes read as integers.
-    const size_t n = hn::Lanes(d);
-    float* header = Scratch(kSlotQuery, (2 + group) * head_dim + group);
-    float* scale = header;                // [head_dim]
-    float* min = scale + head_dim;        // [head_dim]
-    float* qp = min + head_dim;           // [group, head_dim]
-    float* bias = qp + group * head_dim;  // [group]
+    const size_t parts = 8 / ReaderBits(kK);
+    float* header = Scratch(kSlotQuery, (4 + group) * head_dim + group);  // [2 * head_dim]
+    float* split_scale = header + 2 * head_dim;                           // [head_dim]
+    float* split_min = split_scale + head_dim;                            // [head_dim]
+    float* qp = split_min + head_dim;                                     // [group, head_dim]
+    float* bias = qp + group * head_dim;                                  // [group]
     size_t key = 0;
     while (key < num_keys) {
       const std::byte* unit = keys.hdrs[key];
       size_t run_end = key + 1;
       while (run_end < num_keys && keys.hdrs[run_end] == unit) ++run_end;
-      for (size_t c = 0; c < head_dim; ++c) {
-        scale[c] = LoadF16Scalar(unit + 4 * c);
-        min[c] = LoadF16Scalar(unit + 4 * c + 2);
+      // [head_dim x (scale, min)] as floats (header[2c], header[2c + 1]).
+      ConvertRow<Reader::kF16>(unit, 2 * head_dim, header);
+      for (size_t pos = 0; pos < head_dim; ++pos) {
+        const size_t c = SplitElement(pos, n, parts);
+        split_scale[pos] = header[2 * c];
+        split_min[pos] = header[2 * c + 1];
       }
       for (int j = 0; j < group; ++j) {
         auto vbias = hn::Zero(d);
         for (size_t c = 0; c < head_dim; c += n) {
           const auto qv = hn::LoadU(d, q + j * head_dim + c);
-          hn::StoreU(hn::Mul(qv, hn::LoadU(d, scale + c)), d, qp + j * head_dim + c);
-          vbias = hn::MulAdd(qv, hn::LoadU(d, min + c), vbias);
+          hn::StoreU(hn::Mul(qv, hn::LoadU(d, split_scale + c)), d, qp + j * head_dim + c);
+          vbias = hn::MulAdd(qv, hn::LoadU(d, split_min + c), vbias);
         }
         bias[j] = hn::GetLane(hn::SumOfLanes(d, vbias));
       }
@@ -533,7 +653,7 @@ void ScoreTile(const RowSet& keys, const RowSet& values, size_t num_keys, const 
       for (size_t k4 = key; k4 < run_end; k4 += 4) {
         PrefetchAhead(keys, k4, num_keys);
         PrefetchAhead(values, k4, num_keys);
-        ForEachHeadStep<2>(group, [&](int j, auto num_q) {
+        ForEachHeadStep<kScoreHeadStep>(group, [&](int j, auto num_q) {
           ScoreFourRows<decltype(num_q)::value, kK>(d, keys, k4, qp + j * head_dim, head_dim,
                                                     s + j * s_stride + k4, s_stride);
         });
@@ -548,7 +668,7 @@ void ScoreTile(const RowSet& keys, const RowSet& values, size_t num_keys, const 
     for (size_t key = 0; key < num_keys4; key += 4) {
       PrefetchAhead(keys, key, num_keys);
       PrefetchAhead(values, key, num_keys);
-      ForEachHeadStep<2>(group, [&](int j, auto num_q) {
+      ForEachHeadStep<kScoreHeadStep>(group, [&](int j, auto num_q) {
         ScoreFourRows<decltype(num_q)::value, kK>(d, keys, key, q + j * head_dim, head_dim,
                                                   s + j * s_stride + key, s_stride);
       });
@@ -556,10 +676,73 @@ void ScoreTile(const RowSet& keys, const RowSet& values, size_t num_keys, const 
   }
 }
 
-// acc_j[:head_dim] += sum over keys of p[j * p_stride + key] * v_key, for kNumQ query heads.
-// The accumulators stay in registers for a slice of dimensions while all the tile's keys go
-// by; each slice of a value row is converted once for all kNumQ heads.
-//   acc: [kNumQ][acc_stride]; hf: [num_keys][kMaxHeaderFloats] headers (integer groups)
+// acc_j[i0, i0 + kVecs * Lanes(d)) += sum over keys of p[j * p_stride + key] * v_key, for
+// kNumQ query heads. The accumulators stay in registers (kVecs is a compile-time count, so
+// none spill) while all the tile's keys go by; each slice of a value row is converted once for
+// all kNumQ heads.
+//   acc: [kNumQ][acc_stride]; hf: [num_keys][kMaxHeaderFloats] headers (int8, integer groups)
+template <int kNumQ, size_t kVecs, Reader kV, class D>
+HWY_INLINE void AccumulateSlice(D d, const RowSet& values, size_t num_keys,
+                                const float* HWY_RESTRICT p, size_t p_stride, size_t i0,
+                                const float* HWY_RESTRICT hf, float* HWY_RESTRICT acc,
+                                size_t acc_stride) {
+  const size_t n = hn::Lanes(d);
+  constexpr bool kGroups = kV == Reader::kInt4 || kV == Reader::kInt2 || kV == Reader::kInt4S;
+  size_t header_idx[kVecs];  // where each vector's (scale, min) sits in a row's header
+  HWY_UNROLL(8)
+  for (size_t v = 0; v < kVecs; ++v) {
+    header_idx[v] = kGroups ? 2 * ((i0 + v * n) / static_cast<size_t>(values.group_elems)) : 0;
+  }
+  hn::Vec<D> a[kNumQ][kVecs];
+  HWY_UNROLL(8)
+  for (int j = 0; j < kNumQ; ++j) {
+    HWY_UNROLL(8)
+    for (size_t v = 0; v < kVecs; ++v) a[j][v] = hn::LoadU(d, acc + j * acc_stride + i0 + v * n);
+  }
+  for (size_t key = 0; key < num_keys; ++key) {
+    hn::Vec<D> w[kNumQ];
+    // int8 rows are read as raw codes: their scale joins the weight.
+    const float row_scale = kV == Reader::kInt8 ? hf[key * kMaxHeaderFloats] : 1.0f;
+    HWY_UNROLL(8)
+    for (int j = 0; j < kNumQ; ++j) w[j] = hn::Set(d, p[j * p_stride + key] * row_scale);
+    const std::byte* row = values.rows[key];
+    if constexpr (kV == Reader::kInt4S) {
+      // kVecs is a multiple of the 2 parts of a block: a slice is whole blocks.
+      HWY_UNROLL(8)
+      for (size_t v = 0; v < kVecs; v += 2) {
+        const auto block = LoadSplitBlock<4>(d, row, i0 + v * n);
+        const float* h = hf + key * kMaxHeaderFloats + header_idx[v];
+        const auto scale = hn::Set(d, h[0]), min = hn::Set(d, h[1]);
+        HWY_UNROLL(2)
+        for (int r = 0; r < 2; ++r) {
+          const auto x = hn::MulAdd(SplitPart<4>(d, block, r), scale, min);
+          HWY_UNROLL(8)
+          for (int j = 0; j < kNumQ; ++j) a[j][v + r] = hn::MulAdd(w[j], x, a[j][v + r]);
+        }
+      }
+      continue;
+    }
+    HWY_UNROLL(8)
+    for (size_t v = 0; v < kVecs; ++v) {
+      hn::Vec<D> x;
+      if constexpr (kGroups) {
+        const float* h = hf + key * kMaxHeaderFloats + header_idx[v];
+        x = LoadRow<kV>(d, row, i0 + v * n, hn::Set(d, h[0]), hn::Set(d, h[1]));
+      } else {
+        x = LoadRow<kV>(d, row, i0 + v * n);
+      }
+      HWY_UNROLL(8)
+      for (int j = 0; j < kNumQ; ++j) a[j][v] = hn::MulAdd(w[j], x, a[j][v]);
+    }
+  }
+  HWY_UNROLL(8)
+  for (int j = 0; j < kNumQ; ++j) {
+    HWY_UNROLL(8)
+    for (size_t v = 0; v < kVecs; ++v) hn::StoreU(a[j][v], d, acc + j * acc_stride + i0 + v * n);
+  }
+}
+
+// The same over all of head_dim: full slices of 8 / kNumQ vectors, then single vectors.
 template <int kNumQ, Reader kV, class D>
 HWY_INLINE void AccumulateRows(D d, const RowSet& values, size_t num_keys,
                                const float* HWY_RESTRICT p, size_t p_stride, size_t head_dim,
@@ -567,37 +750,17 @@ HWY_INLINE void AccumulateRows(D d, const RowSet& values, size_t num_keys,
                                size_t acc_stride) {
   constexpr size_t kMaxVecs = 8 / kNumQ;  // accumulators in registers: at most 8
   const size_t n = hn::Lanes(d);
-  const size_t group_elems = static_cast<size_t>(values.group_elems);
-  for (size_t i0 = 0; i0 < head_dim; i0 += kMaxVecs * n) {
-    const size_t num_vecs = std::min(kMaxVecs, (head_dim - i0) / n);
-    hn::Vec<D> a[kNumQ][kMaxVecs];
-    HWY_UNROLL(8)
-    for (int j = 0; j < kNumQ; ++j) {
-      HWY_UNROLL(8)
-      for (size_t v = 0; v < kMaxVecs; ++v) {
-        a[j][v] = v < num_vecs ? hn::LoadU(d, acc + j * acc_stride + i0 + v * n) : hn::Zero(d);
-      }
+  size_t i0 = 0;
+  for (; i0 + kMaxVecs * n <= head_dim; i0 += kMaxVecs * n) {
+    AccumulateSlice<kNumQ, kMaxVecs, kV>(d, values, num_keys, p, p_stride, i0, hf, acc, acc_stride);
+  }
+  if constexpr (kV == Reader::kInt4S) {  // whole blocks (head_dim is a multiple of them)
+    for (; i0 < head_dim; i0 += 2 * n) {
+      AccumulateSlice<kNumQ, 2, kV>(d, values, num_keys, p, p_stride, i0, hf, acc, acc_stride);
     }
-    for (size_t key = 0; key < num_keys; ++key) {
-      hn::Vec<D> w[kNumQ];
-      // int8 rows are read as raw codes: their scale joins the weight.
-      const float row_scale = kV == Reader::kInt8 ? hf[key * kMaxHeaderFloats] : 1.0f;
-      HWY_UNROLL(8)
-      for (int j = 0; j < kNumQ; ++j) w[j] = hn::Set(d, p[j * p_stride + key] * row_scale);
-      HWY_UNROLL(8)
-      for (size_t v = 0; v < kMaxVecs; ++v) {
-        if (v < num_vecs) {
-          const auto x = LoadRow<kV>(d, values.rows[key], i0 + v * n, hf + key * kMaxHeaderFloats,
-                                     group_elems);
-          HWY_UNROLL(8)
-          for (int j = 0; j < kNumQ; ++j) a[j][v] = hn::MulAdd(w[j], x, a[j][v]);
-        }
-      }
-    }
-    HWY_UNROLL(8)
-    for (int j = 0; j < kNumQ; ++j) {
-      for (size_t v = 0; v < num_vecs; ++v)
-        hn::StoreU(a[j][v], d, acc + j * acc_stride + i0 + v * n);
+  } else {
+    for (; i0 < head_dim; i0 += n) {
+      AccumulateSlice<kNumQ, 1, kV>(d, values, num_keys, p, p_stride, i0, hf, acc, acc_stride);
     }
   }
 }
@@ -610,7 +773,8 @@ void AccumulateTile(const RowSet& values, size_t num_keys, const float* p, size_
   const D d;
   // Headers once per tile, not once per slice of dimensions.
   float* hf = nullptr;
-  if constexpr (kV == Reader::kInt8 || kV == Reader::kInt4 || kV == Reader::kInt2) {
+  if constexpr (kV == Reader::kInt8 || kV == Reader::kInt4 || kV == Reader::kInt2 ||
+                kV == Reader::kInt4S) {
     hf = Scratch(kSlotHeaders, num_keys * kMaxHeaderFloats);
     for (size_t key = 0; key < num_keys; ++key) {
       if constexpr (kV == Reader::kInt8) {
@@ -646,6 +810,8 @@ ScoreFn ScoreFor(Reader r) {
         return &ScoreTile<Reader::kKivi4, D>;
       case Reader::kKivi2:
         return &ScoreTile<Reader::kKivi2, D>;
+      case Reader::kInt4S:
+        return &ScoreTile<Reader::kInt4S, D>;
       default:
         break;
     }
@@ -673,6 +839,8 @@ AccumulateFn AccumulateFor(Reader r) {
         return &AccumulateTile<Reader::kInt4, D>;
       case Reader::kInt2:
         return &AccumulateTile<Reader::kInt2, D>;
+      case Reader::kInt4S:
+        return &AccumulateTile<Reader::kInt4S, D>;
       default:
         break;
     }
@@ -728,7 +896,11 @@ SideSpec ArenaSide(const KvLayerView& view, const KvArenaView& arena, bool keys,
   if (!is_int && !is_kivi) return side;
   const int bits = codec == CodecId::kInt4 || codec == CodecId::kKivi4 ? 4 : 2;
   const size_t row_code_bytes = head_dim * bits / 8;  // whole bytes: head_dim % lanes == 0
-  const Reader int_reader = bits == 4 ? Reader::kInt4 : Reader::kInt2;
+  // 4-bit groups of whole split blocks take the split reader.
+  auto int_reader = [&](size_t group_elems) {
+    if (bits == 4) return group_elems % (2 * lanes) == 0 ? Reader::kInt4S : Reader::kInt4;
+    return Reader::kInt2;
+  };
   if (group_tokens == 1) {
     // Per-token groups (int<b>, KIVI values; KIVI keys of one token are the same bytes).
     if (arena.unit_bytes <= row_code_bytes || (arena.unit_bytes - row_code_bytes) % 4 != 0) {
@@ -742,7 +914,7 @@ SideSpec ArenaSide(const KvLayerView& view, const KvArenaView& arena, bool keys,
     const size_t group_elems = head_dim / num_groups;
     if (group_elems % lanes != 0) return side;  // a vector must not straddle groups
     side.fill = FillKind::kSpanned;             // header = row start, codes after it
-    side.reader = int_reader;
+    side.reader = int_reader(group_elems);
     side.code_offset = 4 * num_groups;
     side.row_code_bytes = 0;
     side.group_elems = static_cast<int>(group_elems);
@@ -752,14 +924,15 @@ SideSpec ArenaSide(const KvLayerView& view, const KvArenaView& arena, bool keys,
   const size_t unit_code_bytes = row_code_bytes * group_tokens;
   if (is_int && arena.unit_bytes == 4 + unit_code_bytes) {
     side.fill = FillKind::kSpanned;  // one (scale, min) for the whole unit
-    side.reader = int_reader;
+    side.reader = int_reader(head_dim);
     side.code_offset = 4;
     side.row_code_bytes = row_code_bytes;
     side.group_elems = static_cast<int>(head_dim);
     side.num_header_floats = 2;
     return side;
   }
-  if (is_kivi && keys && arena.unit_bytes == 4 * head_dim + unit_code_bytes) {
+  if (is_kivi && keys && arena.unit_bytes == 4 * head_dim + unit_code_bytes &&
+      head_dim % (8 / bits * lanes) == 0) {
     side.fill = FillKind::kKivi;
     side.reader = bits == 4 ? Reader::kKivi4 : Reader::kKivi2;
     side.code_offset = 4 * head_dim;
@@ -779,6 +952,7 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
                  float* HWY_RESTRICT state) {
   const DF df;
   const size_t nf = hn::Lanes(df);
+  const size_t nd = hn::Lanes(D());
   const size_t head_dim = static_cast<size_t>(view.head_dim);
   const size_t state_stride = head_dim + 2;
   // Scores padded to whole vectors with -inf, so that max/exp/sum need no scalar tail.
@@ -826,6 +1000,15 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
       st[head_dim] = new_max;
     }
     accumulate(values, num_keys, s, s_stride, group, head_dim, state, state_stride);
+  }
+  if (IsSplitReader(v_side.reader)) {  // accumulated in split order: back to element order
+    float* row = Scratch(kSlotSplitQuery, head_dim);
+    const size_t parts = 8 / ReaderBits(v_side.reader);
+    for (int j = 0; j < group; ++j) {
+      float* st = state + j * state_stride;
+      std::copy(st, st + head_dim, row);
+      for (size_t pos = 0; pos < head_dim; ++pos) st[SplitElement(pos, nd, parts)] = row[pos];
+    }
   }
 }
 
