@@ -94,9 +94,12 @@ TEST_F(SweepCliTest, GridWritesTableCsvJsonAndPlot) {
   EXPECT_EQ(csv.substr(0, csv.find('\n')),
             "k_codec,v_codec,bits_per_element,bytes_per_token_per_layer,compression_vs_f16,ppl,"
             "ppl_stderr,delta_ppl_pct,mean_kl,top1_agreement,tokens_scored,"
-            "decode_attention_us_per_token");
+            "decode_attention_us_per_token,pareto");
   EXPECT_EQ(Lines(csv), 1 + 4);
   EXPECT_NE(csv.find("\nbf16,bf16,16,128,1,"), std::string::npos) << csv;
+  // The table names the frontier; CSV and JSON mark its rows. Some 16-bit pair has the fewest
+  // bits, so the frontier is never empty.
+  EXPECT_NE(r.out.find("Pareto frontier (fewest bits for a given ΔPPL): "), std::string::npos);
 
   const auto json = nlohmann::json::parse(Slurp(dir_ + "/out.json"));
   EXPECT_EQ(json["ctx"], 64);
@@ -105,6 +108,7 @@ TEST_F(SweepCliTest, GridWritesTableCsvJsonAndPlot) {
   const double reference_ppl = json["reference"]["ppl"].get<double>();
   EXPECT_GT(reference_ppl, 1.0);
   ASSERT_EQ(json["rows"].size(), 4u);
+  int num_pareto = 0;
   for (const auto& row : json["rows"]) {
     for (const char* key : {"bits_per_element", "bytes_per_token_per_layer", "compression_vs_f16",
                             "ppl", "ppl_stderr", "delta_ppl_pct", "mean_kl", "top1_agreement",
@@ -113,10 +117,18 @@ TEST_F(SweepCliTest, GridWritesTableCsvJsonAndPlot) {
     }
     EXPECT_EQ(row["config"]["k_codec"], row["k_codec"]);
     EXPECT_EQ(row["tokens_scored"], 93);
+    num_pareto += row["pareto"].get<bool>();
     EXPECT_GE(row["mean_kl"].get<double>(), 0.0);
     EXPECT_NEAR(row["delta_ppl_pct"].get<double>(),
                 100.0 * (row["ppl"].get<double>() / reference_ppl - 1.0), 1e-9);
   }
+  EXPECT_GE(num_pareto, 1);
+  // The same rows are marked in the CSV's last column.
+  int csv_pareto = 0;
+  for (size_t pos = csv.find(",1\n"); pos != std::string::npos; pos = csv.find(",1\n", pos + 1)) {
+    ++csv_pareto;
+  }
+  EXPECT_EQ(csv_pareto, num_pareto);
 
   const std::string png = Slurp(dir_ + "/out.png");
   const std::string svg = Slurp(dir_ + "/out.svg");

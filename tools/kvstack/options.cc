@@ -1,5 +1,5 @@
-// The cache and engine flags shared by generate, perplexity and bench, so that every cache
-// option is spelled the same way everywhere and maps onto exactly one KvConfig key.
+// The cache and engine flags shared by generate, perplexity, bench and sweep, so that every
+// cache option is spelled the same way everywhere and maps onto exactly one KvConfig key.
 #include "options.h"
 
 #include <unistd.h>

@@ -1,6 +1,7 @@
 // Flags shared by the sub-commands: every cache option (layout, block size, codecs,
-// capacity, sequences, policy, and a TOML file to start from), engine threads and batch, and
-// the helpers every command needs (loading a model, printing a configuration, a progress bar).
+// capacity, sequences, policy, sinks, Hadamard keys, per-layer codecs, and a TOML file to
+// start from), engine threads and batch, and the helpers every command needs (loading a
+// model, printing a configuration, a progress bar).
 #pragma once
 
 #include <memory>

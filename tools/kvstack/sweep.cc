@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -103,7 +104,22 @@ std::string Label(const KvConfig& config) {
   return absl::StrCat(config.k_codec, " / ", config.v_codec);
 }
 
-std::string MarkdownTable(const std::vector<ConfigEvaluation>& rows) {
+// The Pareto frontier of the rows on (bits per element, ΔPPL %), fewest bits first.
+std::vector<int> Frontier(const std::vector<ConfigEvaluation>& rows) {
+  std::vector<double> bits, loss;
+  for (const ConfigEvaluation& e : rows) {
+    bits.push_back(e.bits_per_element);
+    loss.push_back(e.delta_ppl_pct);
+  }
+  return ParetoFrontier(bits, loss);
+}
+
+bool OnFrontier(const std::vector<int>& frontier, size_t row_idx) {
+  return std::find(frontier.begin(), frontier.end(), static_cast<int>(row_idx)) != frontier.end();
+}
+
+std::string MarkdownTable(const std::vector<ConfigEvaluation>& rows,
+                          const std::vector<int>& frontier) {
   std::string out =
       "| config (k / v) | bits/elem | bytes/token/layer | compression vs F16 | PPL | ΔPPL % | "
       "mean KL | top-1 agreement | decode attention µs/token |\n"
@@ -114,28 +130,35 @@ std::string MarkdownTable(const std::vector<ConfigEvaluation>& rows) {
         e.bits_per_element, e.bytes_per_token_per_layer, e.compression_vs_f16, e.ppl,
         e.delta_ppl_pct, e.mean_kl, e.top1_agreement, e.decode_attention_us_per_token);
   }
+  std::vector<std::string> labels;
+  for (int idx : frontier) labels.push_back(Label(rows[idx].config));
+  absl::StrAppend(&out,
+                  "\nPareto frontier (fewest bits for a given ΔPPL): ", absl::StrJoin(labels, ", "),
+                  "\n");
   return out;
 }
 
-std::string Csv(const std::vector<ConfigEvaluation>& rows) {
+std::string Csv(const std::vector<ConfigEvaluation>& rows, const std::vector<int>& frontier) {
   std::string out =
       "k_codec,v_codec,bits_per_element,bytes_per_token_per_layer,compression_vs_f16,ppl,"
       "ppl_stderr,delta_ppl_pct,mean_kl,top1_agreement,tokens_scored,"
-      "decode_attention_us_per_token\n";
-  for (const ConfigEvaluation& e : rows) {
-    absl::StrAppendFormat(&out, "%s,%s,%.6g,%.6g,%.6g,%.6f,%.6f,%.6g,%.6g,%.6f,%d,%.6g\n",
+      "decode_attention_us_per_token,pareto\n";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const ConfigEvaluation& e = rows[i];
+    absl::StrAppendFormat(&out, "%s,%s,%.6g,%.6g,%.6g,%.6f,%.6f,%.6g,%.6g,%.6f,%d,%.6g,%d\n",
                           e.config.k_codec, e.config.v_codec, e.bits_per_element,
                           e.bytes_per_token_per_layer, e.compression_vs_f16, e.ppl, e.ppl_stderr,
                           e.delta_ppl_pct, e.mean_kl, e.top1_agreement, e.tokens_scored,
-                          e.decode_attention_us_per_token);
+                          e.decode_attention_us_per_token, OnFrontier(frontier, i) ? 1 : 0);
   }
   return out;
 }
 
 nlohmann::json Json(const SweepFlags& flags, const KvConfig& base, const ReferenceRun& reference,
-                    const std::vector<ConfigEvaluation>& rows) {
+                    const std::vector<ConfigEvaluation>& rows, const std::vector<int>& frontier) {
   nlohmann::json json_rows = nlohmann::json::array();
-  for (const ConfigEvaluation& e : rows) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const ConfigEvaluation& e = rows[i];
     json_rows.push_back({{"k_codec", e.config.k_codec},
                          {"v_codec", e.config.v_codec},
                          {"config", KvConfigJson(e.config)},
@@ -148,7 +171,8 @@ nlohmann::json Json(const SweepFlags& flags, const KvConfig& base, const Referen
                          {"mean_kl", e.mean_kl},
                          {"top1_agreement", e.top1_agreement},
                          {"tokens_scored", e.tokens_scored},
-                         {"decode_attention_us_per_token", e.decode_attention_us_per_token}});
+                         {"decode_attention_us_per_token", e.decode_attention_us_per_token},
+                         {"pareto", OnFrontier(frontier, i)}});
   }
   return nlohmann::json{{"model", flags.model},
                         {"file", flags.file},
@@ -189,6 +213,79 @@ absl::Status CheckGnuplot() {
   return absl::OkStatus();
 }
 
+// Where a point's label starts (it is always left-aligned: gnuplot right-aligns with the
+// default font's metrics, which misplaces smaller label text), as an offset from the point in
+// graph units (0..1 across the plot area).
+struct LabelPlacement {
+  double dx = 0, dy = 0;
+};
+
+// Greedy placement that keeps labels of nearby configurations (several codecs often share a
+// bit width) from printing over each other or over other points: the labels of the most
+// crowded points are placed first, each at the first of sixteen positions around its point
+// (right, then left, nearest rows first) that overlaps nothing placed so far, else at the
+// least overlapping one. gx, gy: [num_points] positions in graph units; chars: label lengths.
+std::vector<LabelPlacement> PlaceLabels(const std::vector<double>& gx,
+                                        const std::vector<double>& gy,
+                                        const std::vector<int>& chars) {
+  // At the plot's size (1000 x 650, font 8) a character is ~0.0055 of the plot area's width
+  // and a line ~0.024 of its height; a point is ~0.01 across.
+  constexpr double kCharW = 0.0058, kLineH = 0.024, kPoint = 0.01;
+  struct Box {
+    double x0, x1, y0, y1;
+  };
+  auto overlap = [](const Box& a, const Box& b) {
+    const double w = std::min(a.x1, b.x1) - std::max(a.x0, b.x0);
+    const double h = std::min(a.y1, b.y1) - std::max(a.y0, b.y0);
+    return w > 0 && h > 0 ? w * h : 0.0;
+  };
+  std::vector<Box> taken;
+  for (size_t i = 0; i < gx.size(); ++i) {
+    taken.push_back({gx[i] - kPoint, gx[i] + kPoint, gy[i] - kPoint, gy[i] + kPoint});
+  }
+  // Candidate positions: dx > 0 starts the label right of the point, dx < 0 ends it left of
+  // the point.
+  std::vector<LabelPlacement> candidates;
+  for (double dy : {0.012, -0.022, 0.038, -0.048, 0.064, -0.074, 0.090, -0.100}) {
+    candidates.push_back({0.012, dy});
+    candidates.push_back({-0.012, dy});
+  }
+  std::vector<int> crowding(gx.size(), 0);
+  for (size_t i = 0; i < gx.size(); ++i) {
+    for (size_t j = 0; j < gx.size(); ++j) {
+      crowding[i] += std::abs(gx[i] - gx[j]) < 0.15 && std::abs(gy[i] - gy[j]) < 0.08;
+    }
+  }
+  std::vector<size_t> order(gx.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return crowding[a] > crowding[b]; });
+  std::vector<LabelPlacement> placements(gx.size());
+  for (size_t i : order) {
+    double best_cost = INFINITY;
+    Box best_box{};
+    for (const LabelPlacement& c : candidates) {
+      const double w = chars[i] * kCharW;
+      const double start_dx = c.dx > 0 ? c.dx : c.dx - w;
+      const double x0 = gx[i] + start_dx;
+      const Box box{x0, x0 + w, gy[i] + c.dy - kLineH / 2, gy[i] + c.dy + kLineH / 2};
+      double cost = 0;
+      for (size_t j = 0; j < taken.size(); ++j) {
+        if (j != i) cost += overlap(box, taken[j]);
+      }
+      if (box.x0 < 0 || box.x1 > 1) cost += 1;  // outside the plot area
+      if (cost < best_cost) {
+        best_cost = cost;
+        best_box = box;
+        placements[i] = {start_dx, c.dy};
+      }
+      if (cost == 0) break;
+    }
+    taken.push_back(best_box);
+  }
+  return placements;
+}
+
 // Writes PREFIX.png and PREFIX.svg: ΔPPL % against bits per element, one labelled point per
 // configuration and the Pareto frontier as a line. ΔPPL spans orders of magnitude between F16
 // (~0.01 %) and 2-bit codecs (tens of %), so the axis turns logarithmic when the positive
@@ -210,6 +307,41 @@ absl::Status WritePlot(const std::string& prefix, const std::vector<ConfigEvalua
   const double floor_y = log_y ? min_positive / 4 : 0;
   auto plot_y = [&](double y) { return log_y && y <= 0 ? floor_y : y; };
 
+  // Fixed ranges, so that label placement knows where each point lands.
+  const double max_bits = *std::max_element(bits.begin(), bits.end());
+  const double x_hi = std::max(4.0, std::ceil(max_bits * 1.15 / 4) * 4);
+  double y_lo = 0, y_hi = 0;
+  std::vector<double> ys;
+  for (double y : loss) ys.push_back(plot_y(y));
+  const auto [ys_min, ys_max] = std::minmax_element(ys.begin(), ys.end());
+  if (log_y) {
+    y_lo = std::pow(10.0, std::floor(std::log10(*ys_min)));
+    y_hi = std::pow(10.0, std::ceil(std::log10(*ys_max) + 0.3));
+  } else {
+    const double pad = *ys_max > *ys_min ? 0.1 * (*ys_max - *ys_min) : 1.0;
+    y_lo = std::min(0.0, *ys_min) - pad;
+    y_hi = *ys_max + 2 * pad;
+  }
+  std::vector<double> gx, gy;
+  std::vector<int> chars;
+  std::vector<std::string> labels;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    gx.push_back(bits[i] / x_hi);
+    gy.push_back(log_y ? std::log10(ys[i] / y_lo) / std::log10(y_hi / y_lo)
+                       : (ys[i] - y_lo) / (y_hi - y_lo));
+    labels.push_back(absl::StrFormat("%s (%+.3g%%)", Label(rows[i].config), loss[i]));
+    chars.push_back(static_cast<int>(labels.back().size()));
+  }
+  const std::vector<LabelPlacement> placements = PlaceLabels(gx, gy, chars);
+  std::string label_commands;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    absl::StrAppendFormat(&label_commands,
+                          "set label %d %s at %.6g,%.6g offset graph %.4f, graph %.4f left font "
+                          "',8' front\n",
+                          i + 1, GnuplotQuote(labels[i]), bits[i], ys[i], placements[i].dx,
+                          placements[i].dy);
+  }
+
   std::error_code ec;
   std::string dir_template = (std::filesystem::temp_directory_path(ec) / "kvstack-sweep-XXXXXX");
   if (mkdtemp(dir_template.data()) == nullptr) {
@@ -219,11 +351,10 @@ absl::Status WritePlot(const std::string& prefix, const std::vector<ConfigEvalua
   {
     std::ofstream points(dir / "points.dat");
     for (size_t i = 0; i < rows.size(); ++i) {
-      points << absl::StrFormat("%.6g %.6g \"%s (%+.3g%%)\"\n", bits[i], plot_y(loss[i]),
-                                Label(rows[i].config), loss[i]);
+      points << absl::StrFormat("%.6g %.6g\n", bits[i], ys[i]);
     }
     std::ofstream frontier(dir / "frontier.dat");
-    for (int idx : ParetoFrontier(bits, loss)) {
+    for (int idx : Frontier(rows)) {
       frontier << absl::StrFormat("%.6g %.6g\n", bits[idx], plot_y(loss[idx]));
     }
   }
@@ -239,11 +370,10 @@ absl::Status WritePlot(const std::string& prefix, const std::vector<ConfigEvalua
       log_y ? "set ylabel 'ΔPPL % vs F32 cache (log scale; ≤ 0 drawn at the bottom)'\n"
               "set logscale y\n"
             : "set ylabel 'ΔPPL % vs F32 cache'\n",
-      "set grid\nset key top right\nset format y '%g'\nset offsets graph 0.05, graph 0.25, graph "
-      "0.05, graph 0.05\n",
-      "plot ", GnuplotQuote((dir / "points.dat").string()),
-      " using 1:2 with points pt 7 ps 1.3 title 'configuration', \\\n",
-      "  '' using 1:2:3 with labels left offset 0.7,0.5 font ',8' notitle, \\\n", "  ",
+      "set grid\nset key top right\nset format y '%g'\n",
+      absl::StrFormat("set xrange [0:%.6g]\nset yrange [%.6g:%.6g]\n", x_hi, y_lo, y_hi),
+      label_commands, "plot ", GnuplotQuote((dir / "points.dat").string()),
+      " using 1:2 with points pt 7 ps 1.3 title 'configuration', \\\n", "  ",
       GnuplotQuote((dir / "frontier.dat").string()),
       " using 1:2 with linespoints pt 6 ps 2.2 lw 2 title 'Pareto frontier'\n",
       "set terminal svg size 1000,650 dynamic noenhanced font 'sans,10'\n", "set output ",
@@ -318,18 +448,20 @@ absl::Status RunSweep(const SweepFlags& flags) {
     }
   }
 
+  const std::vector<int> frontier = Frontier(rows);
   if (flags.csv_path != "-" && flags.json_path != "-") {
     std::printf(
         "Reference (k=v=f32): PPL = %.4f +/- %.4f, %lld tokens scored in %d windows of "
         "%d\nBase config: %s\n\n%s",
         reference.perplexity.ppl, reference.perplexity.ppl_stderr,
         static_cast<long long>(reference.perplexity.tokens_scored), reference.num_windows,
-        flags.ctx, base.ToString().c_str(), MarkdownTable(rows).c_str());
+        flags.ctx, base.ToString().c_str(), MarkdownTable(rows, frontier).c_str());
   }
-  if (!flags.csv_path.empty()) KVS_RETURN_IF_ERROR(WriteOutput("--csv", flags.csv_path, Csv(rows)));
+  if (!flags.csv_path.empty())
+    KVS_RETURN_IF_ERROR(WriteOutput("--csv", flags.csv_path, Csv(rows, frontier)));
   if (!flags.json_path.empty()) {
-    KVS_RETURN_IF_ERROR(
-        WriteOutput("--json", flags.json_path, Json(flags, base, reference, rows).dump(2) + "\n"));
+    KVS_RETURN_IF_ERROR(WriteOutput("--json", flags.json_path,
+                                    Json(flags, base, reference, rows, frontier).dump(2) + "\n"));
   }
   if (!flags.plot_prefix.empty()) {
     KVS_RETURN_IF_ERROR(WritePlot(flags.plot_prefix, rows, flags.ctx));
