@@ -92,13 +92,20 @@ enum class Reader {
   kF32,
   kF16,
   kBF16,
-  kInt8,   // [f16 scale][int8 codes]; loads raw codes, the caller applies the scale
-  kInt4,   // asymmetric groups: header [(f16 scale, f16 min)...], codes elsewhere
-  kInt2,   //   (per-token groups, or one pair per multi-token unit)
-  kKivi4,  // KIVI keys: raw codes in split order (below); per-channel scale/min are folded
-  kKivi2,  //   into the query
-  kInt4S,  // kInt4 in split order, for groups that are whole blocks
+  kInt8,     // [f16 scale][int8 codes]; loads raw codes, the caller applies the scale
+  kInt4,     // asymmetric groups: header [(f16 scale, f16 min)...], codes elsewhere
+  kInt2,     //   (per-token groups, or one pair per multi-token unit)
+  kKivi4,    // KIVI keys: raw codes in split order (below); per-channel scale/min are folded
+  kKivi2,    //   into the query
+  kInt4S,    // kInt4 in split order, for groups that are whole blocks
+  kFp8E4M3,  // [f16 scale][fp8 codes]; loads the unscaled fp8 values, like kInt8
+  kFp8E5M2,
 };
+
+// Readers of [f16 scale][8-bit elements] rows: the scale multiplies the score or the weight.
+constexpr bool IsRowScaled(Reader r) {
+  return r == Reader::kInt8 || r == Reader::kFp8E4M3 || r == Reader::kFp8E5M2;
+}
 
 constexpr bool IsFloatReader(Reader r) {
   return r == Reader::kF32 || r == Reader::kF16 || r == Reader::kBF16;
@@ -115,10 +122,11 @@ constexpr int ReaderBits(Reader r) {
 struct RowSet {
   const std::byte* rows[kDecodeTile];
   const std::byte* hdrs[kDecodeTile];
-  int group_elems = 0;        // kInt4/kInt2: elements per (scale, min) pair within a row
-  int num_header_floats = 0;  // kInt4/kInt2: 2 * groups per row
-  size_t prefetch_bytes = 0;  // bytes worth prefetching per row (0: do not prefetch)
-  size_t row_step = 0;        // bytes between consecutive rows of one run
+  int group_elems = 0;         // kInt4/kInt2: elements per (scale, min) pair within a row
+  int num_header_floats = 0;   // kInt4/kInt2: 2 * groups per row
+  size_t prefetch_bytes = 0;   // bytes worth prefetching per row (0: do not prefetch)
+  size_t row_step = 0;         // bytes between consecutive rows of one run
+  bool absmax_header = false;  // header holds one f16 d per group: (scale, min) = (d, -8 d)
 };
 
 // Scalar decode of element `i` of a stored float row.
@@ -231,6 +239,27 @@ HWY_INLINE hn::Vec<D> LoadRow(D d, const std::byte* row, size_t i, hn::Vec<D> sc
     return hn::PromoteTo(d, hn::LoadU(d16, reinterpret_cast<const hwy::bfloat16_t*>(row) + i));
   } else if constexpr (kR == Reader::kInt8) {
     return LoadCodes<8>(d, row + sizeof(uint16_t), i);
+  } else if constexpr (kR == Reader::kFp8E5M2) {
+    // E5M2 is the upper byte of an IEEE half: widen, shift, convert (Inf/NaN/subnormals
+    // included).
+    const hn::Rebind<uint8_t, D> du8;
+    const hn::Rebind<uint16_t, D> du16;
+    const auto bytes = hn::LoadU(du8, reinterpret_cast<const uint8_t*>(row + sizeof(uint16_t)) + i);
+    return hn::PromoteTo(d, hn::BitCast(hn::Rebind<hwy::float16_t, D>(),
+                                        hn::ShiftLeft<8>(hn::PromoteTo(du16, bytes))));
+  } else if constexpr (kR == Reader::kFp8E4M3) {
+    // Sign to bit 31, exponent and mantissa to bits 20..26: an F32 whose value is the E4M3
+    // value times 2^-120 (subnormals too), so one exact multiply rebiases it. 0x7F is NaN.
+    const hn::Rebind<uint8_t, D> du8;
+    const hn::Rebind<uint32_t, D> du32;
+    const auto b = hn::PromoteTo(
+        du32, hn::LoadU(du8, reinterpret_cast<const uint8_t*>(row + sizeof(uint16_t)) + i));
+    const auto magnitude = hn::And(b, hn::Set(du32, 0x7F));
+    const auto bits =
+        hn::Or(hn::ShiftLeft<24>(hn::And(b, hn::Set(du32, 0x80))), hn::ShiftLeft<20>(magnitude));
+    const auto value = hn::Mul(hn::BitCast(d, bits), hn::Set(d, 0x1p120f));
+    return hn::IfThenElse(hn::RebindMask(d, hn::Eq(magnitude, hn::Set(du32, 0x7F))),
+                          hn::Set(d, std::numeric_limits<float>::quiet_NaN()), value);
   } else if constexpr (kR == Reader::kInt4 || kR == Reader::kInt2) {
     return hn::MulAdd(LoadCodes<ReaderBits(kR)>(d, row, i), scale, min);
   } else {
@@ -357,6 +386,7 @@ struct SideSpec {
   size_t row_code_bytes = 0;  // code bytes per token (spanned / KIVI)
   int group_elems = 0;
   int num_header_floats = 0;
+  bool absmax_header = false;  // q4_absmax: one f16 d per group, meaning (d, -8 d)
 };
 
 // Fills rows[0, t1 - t0) for one side, padded to a multiple of 4 with the last row.
@@ -366,6 +396,7 @@ void FillRows(const KvLayerView& view, const SideSpec& side, bool keys, int kv_h
   const size_t head_dim = static_cast<size_t>(view.head_dim);
   set->group_elems = side.group_elems;
   set->num_header_floats = side.num_header_floats;
+  set->absmax_header = side.absmax_header;
   set->prefetch_bytes = 0;
   switch (side.fill) {
     case FillKind::kSinks:
@@ -469,6 +500,14 @@ template <Reader kR>
 HWY_INLINE void LoadHeader(const RowSet& set, size_t key, float* HWY_RESTRICT hf) {
   if constexpr (kR == Reader::kInt4 || kR == Reader::kInt2 || kR == Reader::kInt4S) {
     const std::byte* hdr = set.hdrs[key];
+    if (set.absmax_header) {
+      for (int g = 0; g < set.num_header_floats / 2; ++g) {
+        const float d = LoadF16Scalar(hdr + g * sizeof(uint16_t));
+        hf[2 * g] = d;
+        hf[2 * g + 1] = -8.0f * d;
+      }
+      return;
+    }
     const hn::CappedTag<float, 4> d4;
     const hn::Rebind<hwy::float16_t, decltype(d4)> d16;
     int i = 0;
@@ -553,7 +592,7 @@ HWY_INLINE void ScoreFourRows(D d, const RowSet& keys, size_t key0, const float*
   for (int j = 0; j < kNumQ; ++j) {
     SumOfLanes4(d, acc[j][0], acc[j][1], acc[j][2], acc[j][3], s + j * s_stride);
   }
-  if constexpr (kK == Reader::kInt8) {
+  if constexpr (IsRowScaled(kK)) {
     HWY_UNROLL(4)
     for (int key = 0; key < 4; ++key) {
       const float scale = LoadF16Scalar(rows[key]);
@@ -702,7 +741,7 @@ HWY_INLINE void AccumulateSlice(D d, const RowSet& values, size_t num_keys,
   for (size_t key = 0; key < num_keys; ++key) {
     hn::Vec<D> w[kNumQ];
     // int8 rows are read as raw codes: their scale joins the weight.
-    const float row_scale = kV == Reader::kInt8 ? hf[key * kMaxHeaderFloats] : 1.0f;
+    const float row_scale = IsRowScaled(kV) ? hf[key * kMaxHeaderFloats] : 1.0f;
     HWY_UNROLL(8)
     for (int j = 0; j < kNumQ; ++j) w[j] = hn::Set(d, p[j * p_stride + key] * row_scale);
     const std::byte* row = values.rows[key];
@@ -742,7 +781,8 @@ HWY_INLINE void AccumulateSlice(D d, const RowSet& values, size_t num_keys,
   }
 }
 
-// The same over all of head_dim: full slices of 8 / kNumQ vectors, then single vectors.
+// The same over all of head_dim: full slices of 8 / kNumQ vectors, then single vectors
+// (blocks for split readers).
 template <int kNumQ, Reader kV, class D>
 HWY_INLINE void AccumulateRows(D d, const RowSet& values, size_t num_keys,
                                const float* HWY_RESTRICT p, size_t p_stride, size_t head_dim,
@@ -773,11 +813,11 @@ void AccumulateTile(const RowSet& values, size_t num_keys, const float* p, size_
   const D d;
   // Headers once per tile, not once per slice of dimensions.
   float* hf = nullptr;
-  if constexpr (kV == Reader::kInt8 || kV == Reader::kInt4 || kV == Reader::kInt2 ||
+  if constexpr (IsRowScaled(kV) || kV == Reader::kInt4 || kV == Reader::kInt2 ||
                 kV == Reader::kInt4S) {
     hf = Scratch(kSlotHeaders, num_keys * kMaxHeaderFloats);
     for (size_t key = 0; key < num_keys; ++key) {
-      if constexpr (kV == Reader::kInt8) {
+      if constexpr (IsRowScaled(kV)) {
         hf[key * kMaxHeaderFloats] = LoadF16Scalar(values.rows[key]);
       } else {
         LoadHeader<kV>(values, key, hf + key * kMaxHeaderFloats);
@@ -802,6 +842,10 @@ ScoreFn ScoreFor(Reader r) {
     switch (r) {
       case Reader::kInt8:
         return &ScoreTile<Reader::kInt8, D>;
+      case Reader::kFp8E4M3:
+        return &ScoreTile<Reader::kFp8E4M3, D>;
+      case Reader::kFp8E5M2:
+        return &ScoreTile<Reader::kFp8E5M2, D>;
       case Reader::kInt4:
         return &ScoreTile<Reader::kInt4, D>;
       case Reader::kInt2:
@@ -835,6 +879,10 @@ AccumulateFn AccumulateFor(Reader r) {
     switch (r) {
       case Reader::kInt8:
         return &AccumulateTile<Reader::kInt8, D>;
+      case Reader::kFp8E4M3:
+        return &AccumulateTile<Reader::kFp8E4M3, D>;
+      case Reader::kFp8E5M2:
+        return &AccumulateTile<Reader::kFp8E5M2, D>;
       case Reader::kInt4:
         return &AccumulateTile<Reader::kInt4, D>;
       case Reader::kInt2:
@@ -887,8 +935,27 @@ SideSpec ArenaSide(const KvLayerView& view, const KvArenaView& arena, bool keys,
   }
   if (lanes < 4 || head_dim % lanes != 0) return side;
   const CodecId codec = arena.codec;
-  if (codec == CodecId::kInt8 && group_tokens == 1 && arena.unit_bytes == 2 + head_dim) {
-    direct(Reader::kInt8);
+  if (group_tokens == 1 && arena.unit_bytes == 2 + head_dim) {
+    if (codec == CodecId::kInt8) direct(Reader::kInt8);
+    if (codec == CodecId::kFp8E4M3) direct(Reader::kFp8E4M3);
+    if (codec == CodecId::kFp8E5M2) direct(Reader::kFp8E5M2);
+    if (side.fill == FillKind::kDirect) return side;
+  }
+  if (codec == CodecId::kQ4Absmax && group_tokens == 1) {
+    // [num_blocks x f16 d][4-bit codes], x = (q - 8) * d: integer groups of B elements with
+    // scale d and minimum -8 d.
+    const size_t block = std::min<size_t>(32, head_dim);
+    const size_t num_blocks = head_dim / block;
+    if (head_dim % block != 0 || arena.unit_bytes != 2 * num_blocks + head_dim / 2 ||
+        2 * num_blocks > static_cast<size_t>(kMaxHeaderFloats) || block % lanes != 0) {
+      return side;
+    }
+    side.fill = FillKind::kSpanned;
+    side.reader = block % (2 * lanes) == 0 ? Reader::kInt4S : Reader::kInt4;
+    side.code_offset = 2 * num_blocks;
+    side.group_elems = static_cast<int>(block);
+    side.num_header_floats = static_cast<int>(2 * num_blocks);
+    side.absmax_header = true;
     return side;
   }
   const bool is_int = codec == CodecId::kInt4 || codec == CodecId::kInt2;

@@ -546,7 +546,8 @@ TEST(AttentionTest, QuantisedReadersOnEverySimdTarget) {
   for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);
     SCOPED_TRACE(hwy::TargetName(target));
-    for (const char* k : {"int8", "int4", "int2", "kivi4", "kivi2", "int4-g64"}) {
+    for (const char* k : {"int8", "int4", "int2", "kivi4", "kivi2", "int4-g64", "fp8_e4m3",
+                          "fp8_e5m2", "q4_absmax"}) {
       Case c;
       c.head_dim = std::string(k) == "int4-g64" ? 8 : 64;
       c.group = 2;
