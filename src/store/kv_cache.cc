@@ -7,8 +7,9 @@
 // So the slot arithmetic lives in exactly one place, KvLayerView::ForEachRun, which both the
 // attention kernels and Write() go through. Next to the arenas each sequence has, per layer,
 // F32 side buffers: the sink tokens (config.sink_tokens) and, for codecs whose units hold
-// several tokens, the unit still filling ("pending"); Write() encodes a unit into the arena
-// when its last token arrives.
+// several tokens, the unit still filling ("pending"). This file creates the cache and manages
+// sequences and accounting; Write() and View(), which know the segments, are in
+// kv_cache_rows.cc.
 #include "kvstack/kv_cache.h"
 
 #include <algorithm>
@@ -19,21 +20,16 @@
 #include <numeric>
 #include <string>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "kvstack/check.h"
 #include "represent/hadamard.h"
+#include "store/kv_cache_impl.h"
 
 namespace kvstack {
 namespace {
 
 constexpr size_t kArenaAlignment = 64;
 constexpr size_t kMaxReservedBytes = size_t{64} << 30;  // 64 GiB: beyond that it is a typo
-
-struct ArenaFree {
-  void operator()(std::byte* p) const { std::free(p); }
-};
-using ArenaPtr = std::unique_ptr<std::byte[], ArenaFree>;
 
 // One arena of one layer: [num_blocks][num_kv_heads][block_size][unit_bytes], zeroed so that
 // unwritten rows decode to zeros rather than garbage (and NaNs) in every codec.
@@ -54,123 +50,6 @@ using CodecFactory = std::function<absl::StatusOr<std::unique_ptr<Codec>>(
     std::string_view name, int head_dim, CodecRole role)>;
 
 }  // namespace
-
-struct KvCache::Impl {
-  // The F32 side buffers of one sequence in one layer.
-  struct SideBuffers {
-    std::vector<float> sink_k;     // [num_kv_heads][sink_tokens][head_dim]; empty without sinks
-    std::vector<float> sink_v;     // [num_kv_heads][sink_tokens][head_dim]
-    std::vector<float> pending_k;  // [num_kv_heads][period][head_dim]; empty when period == 1
-    std::vector<float> pending_v;  // [num_kv_heads][period][head_dim]
-  };
-  struct Sequence {
-    std::vector<BlockId> block_table;  // physical blocks in logical order
-    int num_tokens = 0;
-    int first_slot = 0;  // ring only; 0 for the other layouts
-    // Tokens ever appended: the absolute position of the next token. Equals num_tokens except
-    // in a ring that has wrapped; it tells Write which tokens are sinks.
-    int64_t num_appended = 0;
-    std::vector<SideBuffers> layers;  // [num_layers]
-  };
-  struct Layer {
-    std::unique_ptr<Codec> k_codec;
-    std::unique_ptr<Codec> v_codec;
-    int period = 1;  // lcm(Tk, Tv) = max(Tk, Tv): tokens held pending until their units fill
-    size_t k_block_stride = 0;
-    size_t v_block_stride = 0;
-    ArenaPtr k;
-    ArenaPtr v;
-  };
-
-  KvCacheOptions options;
-  int block_size = 0;  // slots per block: config.block_size (paged) or capacity (others)
-  BlockPool pool;
-  std::vector<Layer> layers;
-  absl::flat_hash_map<SeqId, Sequence> sequences;
-  // Ids are never reused, so a plan or view of a removed sequence cannot silently apply to a
-  // newer one.
-  SeqId next_seq_id = 0;
-
-  explicit Impl(int32_t num_blocks) : pool(num_blocks) {}
-
-  bool paged() const { return options.config.layout == LayoutKind::kPaged; }
-  int sink_tokens() const { return options.config.sink_tokens; }
-
-  const Sequence& Seq(SeqId seq_id) const {
-    auto it = sequences.find(seq_id);
-    KVS_CHECK(it != sequences.end());
-    return it->second;
-  }
-  Sequence& MutableSeq(SeqId seq_id) {
-    auto it = sequences.find(seq_id);
-    KVS_CHECK(it != sequences.end());
-    return it->second;
-  }
-
-  KvArenaView ArenaView(const ArenaPtr& arena, const Codec& codec, size_t block_stride) const {
-    return KvArenaView{
-        .base = arena.get(),
-        .block_stride = block_stride,
-        .head_stride = static_cast<size_t>(block_size / codec.group_tokens()) * codec.unit_bytes(),
-        .unit_bytes = codec.unit_bytes(),
-        .group_tokens = codec.group_tokens(),
-        .codec = codec.id(),
-        .codec_impl = &codec};
-  }
-
-  // Empty side buffers of the right sizes for a new sequence.
-  std::vector<SideBuffers> NewSideBuffers() const {
-    const size_t row_floats = static_cast<size_t>(options.num_kv_heads) * options.head_dim;
-    std::vector<SideBuffers> side(layers.size());
-    for (size_t layer_idx = 0; layer_idx < layers.size(); ++layer_idx) {
-      const size_t sink_floats = row_floats * sink_tokens();
-      side[layer_idx].sink_k.resize(sink_floats);
-      side[layer_idx].sink_v.resize(sink_floats);
-      const int period = layers[layer_idx].period;
-      if (period > 1) {
-        side[layer_idx].pending_k.resize(row_floats * period);
-        side[layer_idx].pending_v.resize(row_floats * period);
-      }
-    }
-    return side;
-  }
-
-  // Bytes of one sequence's side buffers in all layers (the same for every sequence).
-  size_t SideBytesPerSequence() const {
-    const size_t row_floats = static_cast<size_t>(options.num_kv_heads) * options.head_dim;
-    size_t floats = 0;
-    for (const Layer& layer : layers) {
-      floats += 2 * row_floats * (sink_tokens() + (layer.period > 1 ? layer.period : 0));
-    }
-    return floats * sizeof(float);
-  }
-
-  // Copies block `src` over block `dst` in every layer, keys and values.
-  void CopyBlock(BlockId src, BlockId dst) {
-    for (Layer& layer : layers) {
-      std::memcpy(layer.k.get() + dst * layer.k_block_stride,
-                  layer.k.get() + src * layer.k_block_stride, layer.k_block_stride);
-      std::memcpy(layer.v.get() + dst * layer.v_block_stride,
-                  layer.v.get() + src * layer.v_block_stride, layer.v_block_stride);
-    }
-  }
-
-  SeqId Insert(Sequence seq) {
-    const SeqId seq_id = next_seq_id++;
-    sequences.emplace(seq_id, std::move(seq));
-    return seq_id;
-  }
-
-  absl::StatusOr<BlockId> AllocateRegion() {
-    absl::StatusOr<BlockId> block = pool.Allocate();
-    if (!block.ok()) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "kv cache: all ", options.config.max_sequences,
-          " sequence regions are in use (max_sequences=", options.config.max_sequences, ")"));
-    }
-    return block;
-  }
-};
 
 namespace {
 
@@ -252,9 +131,10 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
   // Sizes are checked in 128-bit arithmetic: a capacity typo must give a message, not a wrap.
   using Wide = unsigned __int128;
   const bool paged = config.layout == LayoutKind::kPaged;
+  // Region layouts round the region up to whole periods of every layer.
+  const Wide lcm = static_cast<Wide>(period_lcm);
   const Wide block_size = paged ? static_cast<Wide>(config.block_size)
-                                : static_cast<Wide>(CeilDiv(config.capacity, period_lcm)) *
-                                      static_cast<Wide>(period_lcm);
+                                : (static_cast<Wide>(config.capacity) + lcm - 1) / lcm * lcm;
   const Wide num_blocks =
       paged ? (static_cast<Wide>(config.capacity) * config.max_sequences + block_size - 1) /
                   block_size
@@ -419,132 +299,6 @@ absl::Status KvCache::CommitAppend(const AppendPlan& plan) {
     seq.num_tokens += plan.num_new_tokens;
   }
   return absl::OkStatus();
-}
-
-void KvCache::Write(SeqId seq_id, int layer_idx, int logical_begin, std::span<const float> k,
-                    std::span<const float> v) {
-  const KvLayerView view = View(seq_id, layer_idx);
-  const size_t head_dim = view.head_dim;
-  const size_t token_floats = static_cast<size_t>(view.num_kv_heads) * head_dim;
-  KVS_CHECK(k.size() == v.size() && k.size() % token_floats == 0);
-  const int num_tokens = static_cast<int>(k.size() / token_floats);
-  KVS_CHECK(logical_begin >= 0 && logical_begin + num_tokens <= view.num_tokens);
-
-  // Only this layer's buffers of the sequence are touched, so writes of different layers may
-  // run concurrently. The view is the read side; its const bases and this layer's mutable
-  // arenas are the same bytes, so offsets computed through the view address the arenas.
-  Impl::Sequence& seq = impl_->MutableSeq(seq_id);
-  Impl::SideBuffers& side = seq.layers[layer_idx];
-  Impl::Layer& layer = impl_->layers[layer_idx];
-  const Codec& k_codec = *layer.k_codec;
-  const Codec& v_codec = *layer.v_codec;
-  auto k_unit = [&](int32_t block_id, int unit_idx, int kv_head) {
-    return layer.k.get() + (view.k.Unit(block_id, unit_idx, kv_head) - view.k.base);
-  };
-  auto v_unit = [&](int32_t block_id, int unit_idx, int kv_head) {
-    return layer.v.get() + (view.v.Unit(block_id, unit_idx, kv_head) - view.v.base);
-  };
-  const int period = layer.period;
-  const int sink_tokens = impl_->sink_tokens();
-  const bool rotate = impl_->options.config.hadamard_keys;
-  // Absolute position of logical token 0 (non-zero only in a wrapped ring): tells which of
-  // the tokens written are sinks.
-  const int64_t position_offset = seq.num_appended - seq.num_tokens;
-  std::vector<float> rotated(rotate ? head_dim : 0);
-
-  view.ForEachRun(
-      logical_begin, logical_begin + num_tokens,
-      [&](int run_begin, int count, int32_t block_id, int row_begin) {
-        // Shared (forked) blocks are full and never rewritten; writing one would change the other
-        // sequence's history.
-        KVS_DCHECK(impl_->pool.ref_count(block_id) == 1);
-        for (int t = 0; t < count; ++t) {
-          const int logical = run_begin + t;
-          const int row = row_begin + t;
-          const int64_t pos = position_offset + logical;
-          const size_t src_token = static_cast<size_t>(logical - logical_begin) * token_floats;
-          for (int h = 0; h < view.num_kv_heads; ++h) {
-            const size_t src = src_token + h * head_dim;
-            std::span<const float> k_row = k.subspan(src, head_dim);
-            const std::span<const float> v_row = v.subspan(src, head_dim);
-            if (rotate) {
-              std::copy(k_row.begin(), k_row.end(), rotated.begin());
-              HadamardRotate(rotated);
-              k_row = rotated;
-            }
-            if (pos < sink_tokens) {
-              const size_t dst = (static_cast<size_t>(h) * sink_tokens + pos) * head_dim;
-              std::copy(k_row.begin(), k_row.end(), side.sink_k.begin() + dst);
-              std::copy(v_row.begin(), v_row.end(), side.sink_v.begin() + dst);
-            }
-            if (period == 1) {
-              // One-token units: encode straight from the input, no copy.
-              k_codec.EncodeHead(h, k_row, {k_unit(block_id, row, h), view.k.unit_bytes});
-              v_codec.EncodeHead(h, v_row, {v_unit(block_id, row, h), view.v.unit_bytes});
-            } else {
-              // The pending buffer is also the gather buffer: a unit needs one head's tokens
-              // contiguous, the input interleaves the heads.
-              const size_t dst = (static_cast<size_t>(h) * period + logical % period) * head_dim;
-              std::copy(k_row.begin(), k_row.end(), side.pending_k.begin() + dst);
-              std::copy(v_row.begin(), v_row.end(), side.pending_v.begin() + dst);
-            }
-          }
-          if (period > 1 && (logical + 1) % period == 0) {
-            // The period is complete: encode its P / Tk key units and P / Tv value units of
-            // every head, consecutive in the block (block_size is a multiple of the period).
-            const int first_row = row + 1 - period;
-            const size_t period_floats = static_cast<size_t>(period) * head_dim;
-            for (int h = 0; h < view.num_kv_heads; ++h) {
-              const std::span<const float> pending_k =
-                  std::span(side.pending_k).subspan(h * period_floats, period_floats);
-              const std::span<const float> pending_v =
-                  std::span(side.pending_v).subspan(h * period_floats, period_floats);
-              const int k_tokens = view.k.group_tokens;
-              const int v_tokens = view.v.group_tokens;
-              k_codec.EncodeHead(h, pending_k,
-                                 {k_unit(block_id, first_row / k_tokens, h),
-                                  period / k_tokens * view.k.unit_bytes});
-              v_codec.EncodeHead(h, pending_v,
-                                 {v_unit(block_id, first_row / v_tokens, h),
-                                  period / v_tokens * view.v.unit_bytes});
-            }
-          }
-        }
-      });
-}
-
-KvLayerView KvCache::View(SeqId seq_id, int layer_idx) const {
-  KVS_CHECK(layer_idx >= 0 && layer_idx < num_layers());
-  const Impl::Sequence& seq = impl_->Seq(seq_id);
-  const Impl::Layer& layer = impl_->layers[layer_idx];
-  const Impl::SideBuffers& side = seq.layers[layer_idx];
-  const int sink_tokens = impl_->sink_tokens();
-  const int sinks_end = std::min(sink_tokens, seq.num_tokens);
-  const int unit_begin = seq.num_tokens - seq.num_tokens % layer.period;
-  return KvLayerView{
-      .k = impl_->ArenaView(layer.k, *layer.k_codec, layer.k_block_stride),
-      .v = impl_->ArenaView(layer.v, *layer.v_codec, layer.v_block_stride),
-      .block_table = seq.block_table,
-      .block_size = impl_->block_size,
-      .first_slot = seq.first_slot,
-      .num_tokens = seq.num_tokens,
-      .num_kv_heads = impl_->options.num_kv_heads,
-      .head_dim = impl_->options.head_dim,
-      .sinks = {.k = side.sink_k.empty() ? nullptr : side.sink_k.data(),
-                .v = side.sink_v.empty() ? nullptr : side.sink_v.data(),
-                .stride_tokens = sink_tokens,
-                .origin = 0,
-                .begin = 0,
-                .end = sinks_end},
-      // Sinks win where the two overlap: a sink is never also pending.
-      .pending = {.k = side.pending_k.empty() ? nullptr : side.pending_k.data(),
-                  .v = side.pending_v.empty() ? nullptr : side.pending_v.data(),
-                  .stride_tokens = layer.period,
-                  .origin = unit_begin,
-                  .begin = std::max(unit_begin, sinks_end),
-                  .end = seq.num_tokens},
-      .keys_rotated = impl_->options.config.hadamard_keys,
-  };
 }
 
 int KvCache::NumTokens(SeqId seq_id) const { return impl_->Seq(seq_id).num_tokens; }

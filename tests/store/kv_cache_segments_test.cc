@@ -12,9 +12,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -109,11 +111,13 @@ KvConfig::LayerCodecs Override(int layer_idx, std::string k_codec, std::string v
   return entry;
 }
 
-// Round-trip bound relative to |x| for values in the normal range.
-double Tolerance(std::string_view codec) {
+// Round-trip bound relative to |x| for values in the normal range, for the plain formats;
+// quantising codecs have their own accuracy tests.
+std::optional<double> Tolerance(std::string_view codec) {
   if (codec == "f16") return 0x1p-11;
   if (codec == "bf16") return 0x1p-8;
-  return 0.0;  // f32 and the packed test codec
+  if (codec == "f32" || codec.starts_with("packed")) return 0.0;
+  return std::nullopt;
 }
 
 struct Setup {
@@ -124,7 +128,8 @@ struct Setup {
   std::vector<KvConfig::LayerCodecs> layer_codecs = {};
   int sink_tokens = 0;
   bool hadamard = false;
-  bool one_token_units = true;  // whether the ring can run it
+  bool one_token_units = true;                   // whether the ring can run it
+  std::array<int, kNumLayers> periods = {1, 1};  // lcm(Tk, Tv) per layer
 };
 
 const Setup kSetups[] = {
@@ -145,7 +150,8 @@ const Setup kSetups[] = {
      .v_codec = "f16",
      .packed = {{"f32", 4}, {"f16", 2}},
      .layer_codecs = {Override(1, "bf16", "")},
-     .one_token_units = false},
+     .one_token_units = false,
+     .periods = {4, 2}},
     // Period 8 with sinks that end inside the first unit, keys rotated, layer 0's V real f16.
     {.name = "units8_sinks5_hadamard",
      .k_codec = "f32",
@@ -154,7 +160,22 @@ const Setup kSetups[] = {
      .layer_codecs = {Override(0, "", "f16")},
      .sink_tokens = 5,
      .hadamard = true,
-     .one_token_units = false},
+     .one_token_units = false,
+     .periods = {8, 8}},
+    // The real quantising codecs: KIVI keys per channel over 8 tokens, int4 groups of 16
+    // elements spanning 4 tokens of head_dim 4 (period 8 in layer 0), int8 rows in layer 1.
+    {.name = "kivi4g8_int4g16_layer1_int8",
+     .k_codec = "kivi4-g8",
+     .v_codec = "int4-g16",
+     .layer_codecs = {Override(1, "int8", "int8")},
+     .sink_tokens = 2,
+     .hadamard = true,
+     .one_token_units = false,
+     .periods = {8, 1}},
+    {.name = "int8_q4absmax_fp8_layer1",
+     .k_codec = "int8",
+     .v_codec = "q4_absmax",
+     .layer_codecs = {Override(1, "fp8_e4m3", "fp8_e5m2")}},
 };
 
 struct Params {
@@ -231,7 +252,10 @@ void ExpectRow(std::span<const float> got, std::span<const float> want, double t
 
 // Checks every logical token of the sequence in every layer against the history: logical
 // token i is appended token i for sinks (i < S) and appended token num_appended -
-// num_tokens + i otherwise (the two agree until a ring wraps).
+// num_tokens + i otherwise (the two agree until a ring wraps). F32 segments must hold the
+// tokens exactly; an arena token must equal the codec's own round trip of the unit that
+// holds it (so the cache stored the right tokens in the right unit) and, for the plain
+// formats, lie within their rounding of the token.
 void ExpectContents(const KvCache& cache, SeqId seq_id, const History& history) {
   const int num_tokens = cache.NumTokens(seq_id);
   const int sink_tokens = cache.config().sink_tokens;
@@ -251,31 +275,59 @@ void ExpectContents(const KvCache& cache, SeqId seq_id, const History& history) 
               static_cast<size_t>(view.block_size / view.k.group_tokens) * view.k.unit_bytes);
     EXPECT_EQ(view.v.head_stride,
               static_cast<size_t>(view.block_size / view.v.group_tokens) * view.v.unit_bytes);
-    for (int i = 0; i < num_tokens; ++i) {
+
+    // The row written for logical token i, head h (keys rotated as the cache must store them).
+    auto want = [&](bool key, int i, int h) {
       const int appended = i < sink_tokens ? i : history.num_appended() - num_tokens + i;
+      const std::vector<float>& all = key ? history.k[layer_idx] : history.v[layer_idx];
+      const auto first = all.begin() + (static_cast<size_t>(appended) * kNumKvHeads + h) * kHeadDim;
+      std::vector<float> row(first, first + kHeadDim);
+      if (key && view.keys_rotated) HadamardRotate(row);
+      return row;
+    };
+    // What the arena must hold for token i: its unit's tokens encoded and decoded by the codec.
+    // Arena units of a non-ring layout start at logical multiples of T (first_slot is 0 and
+    // blocks hold whole units); the ring has T = 1.
+    auto round_trip = [&](bool key, const KvArenaView& arena, int i, int h) {
+      const int unit_first = i - i % arena.group_tokens;
+      std::vector<float> unit;
+      for (int t = unit_first; t < unit_first + arena.group_tokens; ++t) {
+        const std::vector<float> row = want(key, t, h);
+        unit.insert(unit.end(), row.begin(), row.end());
+      }
+      std::vector<std::byte> bytes(arena.unit_bytes);
+      arena.codec_impl->EncodeHead(h, unit, bytes);
+      arena.codec_impl->DecodeHead(h, bytes, unit);
+      const auto first = unit.begin() + (i - unit_first) * kHeadDim;
+      return std::vector<float>(first, first + kHeadDim);
+    };
+
+    for (int i = 0; i < num_tokens; ++i) {
       for (int h = 0; h < kNumKvHeads; ++h) {
-        const size_t src = (static_cast<size_t>(appended) * kNumKvHeads + h) * kHeadDim;
-        std::vector<float> want_k(history.k[layer_idx].begin() + src,
-                                  history.k[layer_idx].begin() + src + kHeadDim);
-        if (view.keys_rotated) HadamardRotate(want_k);
-        const std::span<const float> want_v(history.v[layer_idx].data() + src, kHeadDim);
         const std::string where = "layer " + std::to_string(layer_idx) + " token " +
                                   std::to_string(i) + " head " + std::to_string(h);
         if (i < view.sinks.end) {
-          ExpectRow({view.sinks.KRow(i, h, kHeadDim), kHeadDim}, want_k, 0.0, where + " sink k");
-          ExpectRow({view.sinks.VRow(i, h, kHeadDim), kHeadDim}, want_v, 0.0, where + " sink v");
+          ExpectRow({view.sinks.KRow(i, h, kHeadDim), kHeadDim}, want(true, i, h), 0.0,
+                    where + " sink k");
+          ExpectRow({view.sinks.VRow(i, h, kHeadDim), kHeadDim}, want(false, i, h), 0.0,
+                    where + " sink v");
         } else if (i >= view.pending.begin) {
-          ExpectRow({view.pending.KRow(i, h, kHeadDim), kHeadDim}, want_k, 0.0,
+          ExpectRow({view.pending.KRow(i, h, kHeadDim), kHeadDim}, want(true, i, h), 0.0,
                     where + " pending k");
-          ExpectRow({view.pending.VRow(i, h, kHeadDim), kHeadDim}, want_v, 0.0,
+          ExpectRow({view.pending.VRow(i, h, kHeadDim), kHeadDim}, want(false, i, h), 0.0,
                     where + " pending v");
         } else {
           ASSERT_GE(i, view.arena_begin());
           ASSERT_LT(i, view.arena_end());
-          ExpectRow(ArenaRow(view, view.k, i, h), want_k, Tolerance(view.k.codec_impl->name()),
-                    where + " arena k");
-          ExpectRow(ArenaRow(view, view.v, i, h), want_v, Tolerance(view.v.codec_impl->name()),
-                    where + " arena v");
+          for (const bool key : {true, false}) {
+            const KvArenaView& arena = key ? view.k : view.v;
+            const std::vector<float> got = ArenaRow(view, arena, i, h);
+            const std::string what = where + (key ? " arena k" : " arena v");
+            ExpectRow(got, round_trip(key, arena, i, h), 0.0, what + " (codec round trip)");
+            if (const std::optional<double> tolerance = Tolerance(arena.codec_impl->name())) {
+              ExpectRow(got, want(key, i, h), *tolerance, what);
+            }
+          }
         }
         if (::testing::Test::HasFatalFailure()) return;
       }
@@ -298,6 +350,12 @@ class KvCacheSegmentsTest : public ::testing::TestWithParam<Params> {
 TEST_P(KvCacheSegmentsTest, EveryLogicalTokenReadsBackAsWritten) {
   auto cache = MakeCache(GetParam(), Capacity(), 1);
   const SeqId seq_id = *cache->AddSequence();
+  for (int layer_idx = 0; layer_idx < kNumLayers; ++layer_idx) {
+    const KvLayerView view = cache->View(seq_id, layer_idx);
+    EXPECT_EQ(std::max(view.k.group_tokens, view.v.group_tokens),
+              GetParam().setup.periods[layer_idx])
+        << "layer " << layer_idx;
+  }
   History history;
   for (const int num_new : Appends()) {
     ASSERT_NO_FATAL_FAILURE(Append(*cache, seq_id, num_new, rng_, &history));

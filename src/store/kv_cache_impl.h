@@ -1,0 +1,142 @@
+// KvCache::Impl: the state behind KvCache, shared by the files that implement it
+// (kv_cache.cc: creation, sequences, planning, accounting; kv_cache_rows.cc: Write and View,
+// the code that knows the sink / arena / pending segments). Internal to src/store.
+#pragma once
+
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "kvstack/check.h"
+#include "kvstack/kv_cache.h"
+
+namespace kvstack {
+
+// Arenas come from std::aligned_alloc (64-byte aligned for the kernels).
+struct ArenaFree {
+  void operator()(std::byte* p) const { std::free(p); }
+};
+using ArenaPtr = std::unique_ptr<std::byte[], ArenaFree>;
+
+struct KvCache::Impl {
+  // The F32 side buffers of one sequence in one layer.
+  struct SideBuffers {
+    std::vector<float> sink_k;     // [num_kv_heads][sink_tokens][head_dim]; empty without sinks
+    std::vector<float> sink_v;     // [num_kv_heads][sink_tokens][head_dim]
+    std::vector<float> pending_k;  // [num_kv_heads][period][head_dim]; empty when period == 1
+    std::vector<float> pending_v;  // [num_kv_heads][period][head_dim]
+  };
+  struct Sequence {
+    std::vector<BlockId> block_table;  // physical blocks in logical order
+    int num_tokens = 0;
+    int first_slot = 0;  // ring only; 0 for the other layouts
+    // Tokens ever appended: the absolute position of the next token. Equals num_tokens except
+    // in a ring that has wrapped; it tells Write which tokens are sinks.
+    int64_t num_appended = 0;
+    std::vector<SideBuffers> layers;  // [num_layers]
+  };
+  struct Layer {
+    std::unique_ptr<Codec> k_codec;
+    std::unique_ptr<Codec> v_codec;
+    int period = 1;  // lcm(Tk, Tv) = max(Tk, Tv): tokens held pending until their units fill
+    size_t k_block_stride = 0;
+    size_t v_block_stride = 0;
+    ArenaPtr k;
+    ArenaPtr v;
+  };
+
+  KvCacheOptions options;
+  int block_size = 0;  // slots per block: config.block_size (paged) or capacity (others)
+  BlockPool pool;
+  std::vector<Layer> layers;
+  absl::flat_hash_map<SeqId, Sequence> sequences;
+  // Ids are never reused, so a plan or view of a removed sequence cannot silently apply to a
+  // newer one.
+  SeqId next_seq_id = 0;
+
+  explicit Impl(int32_t num_blocks) : pool(num_blocks) {}
+
+  bool paged() const { return options.config.layout == LayoutKind::kPaged; }
+  int sink_tokens() const { return options.config.sink_tokens; }
+
+  const Sequence& Seq(SeqId seq_id) const {
+    auto it = sequences.find(seq_id);
+    KVS_CHECK(it != sequences.end());
+    return it->second;
+  }
+  Sequence& MutableSeq(SeqId seq_id) {
+    auto it = sequences.find(seq_id);
+    KVS_CHECK(it != sequences.end());
+    return it->second;
+  }
+
+  KvArenaView ArenaView(const ArenaPtr& arena, const Codec& codec, size_t block_stride) const {
+    return KvArenaView{
+        .base = arena.get(),
+        .block_stride = block_stride,
+        .head_stride = static_cast<size_t>(block_size / codec.group_tokens()) * codec.unit_bytes(),
+        .unit_bytes = codec.unit_bytes(),
+        .group_tokens = codec.group_tokens(),
+        .codec = codec.id(),
+        .codec_impl = &codec};
+  }
+
+  // Empty side buffers of the right sizes for a new sequence.
+  std::vector<SideBuffers> NewSideBuffers() const {
+    const size_t row_floats = static_cast<size_t>(options.num_kv_heads) * options.head_dim;
+    std::vector<SideBuffers> side(layers.size());
+    for (size_t layer_idx = 0; layer_idx < layers.size(); ++layer_idx) {
+      const size_t sink_floats = row_floats * sink_tokens();
+      side[layer_idx].sink_k.resize(sink_floats);
+      side[layer_idx].sink_v.resize(sink_floats);
+      const int period = layers[layer_idx].period;
+      if (period > 1) {
+        side[layer_idx].pending_k.resize(row_floats * period);
+        side[layer_idx].pending_v.resize(row_floats * period);
+      }
+    }
+    return side;
+  }
+
+  // Bytes of one sequence's side buffers in all layers (the same for every sequence).
+  size_t SideBytesPerSequence() const {
+    const size_t row_floats = static_cast<size_t>(options.num_kv_heads) * options.head_dim;
+    size_t floats = 0;
+    for (const Layer& layer : layers) {
+      floats += 2 * row_floats * (sink_tokens() + (layer.period > 1 ? layer.period : 0));
+    }
+    return floats * sizeof(float);
+  }
+
+  // Copies block `src` over block `dst` in every layer, keys and values.
+  void CopyBlock(BlockId src, BlockId dst) {
+    for (Layer& layer : layers) {
+      std::memcpy(layer.k.get() + dst * layer.k_block_stride,
+                  layer.k.get() + src * layer.k_block_stride, layer.k_block_stride);
+      std::memcpy(layer.v.get() + dst * layer.v_block_stride,
+                  layer.v.get() + src * layer.v_block_stride, layer.v_block_stride);
+    }
+  }
+
+  SeqId Insert(Sequence seq) {
+    const SeqId seq_id = next_seq_id++;
+    sequences.emplace(seq_id, std::move(seq));
+    return seq_id;
+  }
+
+  absl::StatusOr<BlockId> AllocateRegion() {
+    absl::StatusOr<BlockId> block = pool.Allocate();
+    if (!block.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "kv cache: all ", options.config.max_sequences,
+          " sequence regions are in use (max_sequences=", options.config.max_sequences, ")"));
+    }
+    return block;
+  }
+};
+
+}  // namespace kvstack

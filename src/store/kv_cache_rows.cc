@@ -1,0 +1,143 @@
+// KvCache::Write and KvCache::View: where a token's rows go and how the view describes them.
+// A written token lands in up to three places of its (sequence, layer): the F32 sink buffer
+// if it is one of the first sink_tokens tokens, the arena (encoded), and for codecs whose
+// units hold several tokens the F32 pending buffer, from which the whole unit is encoded once
+// its last token arrives. View() tells readers which logical range each segment holds.
+#include "kvstack/kv_cache.h"
+
+#include <algorithm>
+#include <span>
+#include <vector>
+
+#include "represent/hadamard.h"
+#include "store/kv_cache_impl.h"
+
+namespace kvstack {
+
+void KvCache::Write(SeqId seq_id, int layer_idx, int logical_begin, std::span<const float> k,
+                    std::span<const float> v) {
+  const KvLayerView view = View(seq_id, layer_idx);
+  const size_t head_dim = view.head_dim;
+  const size_t token_floats = static_cast<size_t>(view.num_kv_heads) * head_dim;
+  KVS_CHECK(k.size() == v.size() && k.size() % token_floats == 0);
+  const int num_tokens = static_cast<int>(k.size() / token_floats);
+  KVS_CHECK(logical_begin >= 0 && logical_begin + num_tokens <= view.num_tokens);
+
+  // Only this layer's buffers of the sequence are touched, so writes of different layers may
+  // run concurrently. The view is the read side; its const bases and this layer's mutable
+  // arenas are the same bytes, so offsets computed through the view address the arenas.
+  Impl::Sequence& seq = impl_->MutableSeq(seq_id);
+  Impl::SideBuffers& side = seq.layers[layer_idx];
+  Impl::Layer& layer = impl_->layers[layer_idx];
+  const Codec& k_codec = *layer.k_codec;
+  const Codec& v_codec = *layer.v_codec;
+  auto k_unit = [&](int32_t block_id, int unit_idx, int kv_head) {
+    return layer.k.get() + (view.k.Unit(block_id, unit_idx, kv_head) - view.k.base);
+  };
+  auto v_unit = [&](int32_t block_id, int unit_idx, int kv_head) {
+    return layer.v.get() + (view.v.Unit(block_id, unit_idx, kv_head) - view.v.base);
+  };
+  const int period = layer.period;
+  const int sink_tokens = impl_->sink_tokens();
+  const bool rotate = impl_->options.config.hadamard_keys;
+  // Absolute position of logical token 0 (non-zero only in a wrapped ring): tells which of
+  // the tokens written are sinks.
+  const int64_t position_offset = seq.num_appended - seq.num_tokens;
+  std::vector<float> rotated(rotate ? head_dim : 0);
+
+  view.ForEachRun(
+      logical_begin, logical_begin + num_tokens,
+      [&](int run_begin, int count, int32_t block_id, int row_begin) {
+        // Shared (forked) blocks are full and never rewritten; writing one would change the other
+        // sequence's history.
+        KVS_DCHECK(impl_->pool.ref_count(block_id) == 1);
+        for (int t = 0; t < count; ++t) {
+          const int logical = run_begin + t;
+          const int row = row_begin + t;
+          const int64_t pos = position_offset + logical;
+          const size_t src_token = static_cast<size_t>(logical - logical_begin) * token_floats;
+          for (int h = 0; h < view.num_kv_heads; ++h) {
+            const size_t src = src_token + h * head_dim;
+            std::span<const float> k_row = k.subspan(src, head_dim);
+            const std::span<const float> v_row = v.subspan(src, head_dim);
+            if (rotate) {
+              std::copy(k_row.begin(), k_row.end(), rotated.begin());
+              HadamardRotate(rotated);
+              k_row = rotated;
+            }
+            if (pos < sink_tokens) {
+              const size_t dst = (static_cast<size_t>(h) * sink_tokens + pos) * head_dim;
+              std::copy(k_row.begin(), k_row.end(), side.sink_k.begin() + dst);
+              std::copy(v_row.begin(), v_row.end(), side.sink_v.begin() + dst);
+            }
+            if (period == 1) {
+              // One-token units: encode straight from the input, no copy.
+              k_codec.EncodeHead(h, k_row, {k_unit(block_id, row, h), view.k.unit_bytes});
+              v_codec.EncodeHead(h, v_row, {v_unit(block_id, row, h), view.v.unit_bytes});
+            } else {
+              // The pending buffer is also the gather buffer: a unit needs one head's tokens
+              // contiguous, the input interleaves the heads.
+              const size_t dst = (static_cast<size_t>(h) * period + logical % period) * head_dim;
+              std::copy(k_row.begin(), k_row.end(), side.pending_k.begin() + dst);
+              std::copy(v_row.begin(), v_row.end(), side.pending_v.begin() + dst);
+            }
+          }
+          if (period > 1 && (logical + 1) % period == 0) {
+            // The period is complete: encode its P / Tk key units and P / Tv value units of
+            // every head, consecutive in the block (block_size is a multiple of the period).
+            const int first_row = row + 1 - period;
+            const size_t period_floats = static_cast<size_t>(period) * head_dim;
+            for (int h = 0; h < view.num_kv_heads; ++h) {
+              const std::span<const float> pending_k =
+                  std::span(side.pending_k).subspan(h * period_floats, period_floats);
+              const std::span<const float> pending_v =
+                  std::span(side.pending_v).subspan(h * period_floats, period_floats);
+              const int k_tokens = view.k.group_tokens;
+              const int v_tokens = view.v.group_tokens;
+              k_codec.EncodeHead(h, pending_k,
+                                 {k_unit(block_id, first_row / k_tokens, h),
+                                  period / k_tokens * view.k.unit_bytes});
+              v_codec.EncodeHead(h, pending_v,
+                                 {v_unit(block_id, first_row / v_tokens, h),
+                                  period / v_tokens * view.v.unit_bytes});
+            }
+          }
+        }
+      });
+}
+
+KvLayerView KvCache::View(SeqId seq_id, int layer_idx) const {
+  KVS_CHECK(layer_idx >= 0 && layer_idx < num_layers());
+  const Impl::Sequence& seq = impl_->Seq(seq_id);
+  const Impl::Layer& layer = impl_->layers[layer_idx];
+  const Impl::SideBuffers& side = seq.layers[layer_idx];
+  const int sink_tokens = impl_->sink_tokens();
+  const int sinks_end = std::min(sink_tokens, seq.num_tokens);
+  const int unit_begin = seq.num_tokens - seq.num_tokens % layer.period;
+  return KvLayerView{
+      .k = impl_->ArenaView(layer.k, *layer.k_codec, layer.k_block_stride),
+      .v = impl_->ArenaView(layer.v, *layer.v_codec, layer.v_block_stride),
+      .block_table = seq.block_table,
+      .block_size = impl_->block_size,
+      .first_slot = seq.first_slot,
+      .num_tokens = seq.num_tokens,
+      .num_kv_heads = impl_->options.num_kv_heads,
+      .head_dim = impl_->options.head_dim,
+      .sinks = {.k = side.sink_k.empty() ? nullptr : side.sink_k.data(),
+                .v = side.sink_v.empty() ? nullptr : side.sink_v.data(),
+                .stride_tokens = sink_tokens,
+                .origin = 0,
+                .begin = 0,
+                .end = sinks_end},
+      // Sinks win where the two overlap: a sink is never also pending.
+      .pending = {.k = side.pending_k.empty() ? nullptr : side.pending_k.data(),
+                  .v = side.pending_v.empty() ? nullptr : side.pending_v.data(),
+                  .stride_tokens = layer.period,
+                  .origin = unit_begin,
+                  .begin = std::max(unit_begin, sinks_end),
+                  .end = seq.num_tokens},
+      .keys_rotated = impl_->options.config.hadamard_keys,
+  };
+}
+
+}  // namespace kvstack
