@@ -3,12 +3,11 @@
 // if it is one of the first sink_tokens tokens, the arena (encoded), and for codecs whose
 // units hold several tokens the F32 pending buffer, from which the whole unit is encoded once
 // its last token arrives. View() tells readers which logical range each segment holds.
-#include "kvstack/kv_cache.h"
-
 #include <algorithm>
 #include <span>
 #include <vector>
 
+#include "kvstack/kv_cache.h"
 #include "represent/hadamard.h"
 #include "store/kv_cache_impl.h"
 
@@ -87,11 +86,21 @@ void KvCache::Write(SeqId seq_id, int layer_idx, int logical_begin, std::span<co
             // every head, consecutive in the block (block_size is a multiple of the period).
             const int first_row = row + 1 - period;
             const size_t period_floats = static_cast<size_t>(period) * head_dim;
+            // Sink tokens are read from their F32 copies, never from the arena; keeping their
+            // (often extreme) values out of the unit keeps them from widening the scales the
+            // other tokens of the unit share. They are replaced by the unit's last token.
+            const int64_t first_pos = pos + 1 - period;
+            const int num_sink_rows =
+                static_cast<int>(std::clamp<int64_t>(sink_tokens - first_pos, 0, period - 1));
             for (int h = 0; h < view.num_kv_heads; ++h) {
-              const std::span<const float> pending_k =
+              const std::span<float> pending_k =
                   std::span(side.pending_k).subspan(h * period_floats, period_floats);
-              const std::span<const float> pending_v =
+              const std::span<float> pending_v =
                   std::span(side.pending_v).subspan(h * period_floats, period_floats);
+              for (int r = 0; r < num_sink_rows; ++r) {
+                std::copy_n(pending_k.end() - head_dim, head_dim, pending_k.begin() + r * head_dim);
+                std::copy_n(pending_v.end() - head_dim, head_dim, pending_v.begin() + r * head_dim);
+              }
               const int k_tokens = view.k.group_tokens;
               const int v_tokens = view.v.group_tokens;
               k_codec.EncodeHead(h, pending_k,

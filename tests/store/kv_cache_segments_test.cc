@@ -288,11 +288,15 @@ void ExpectContents(const KvCache& cache, SeqId seq_id, const History& history) 
     // What the arena must hold for token i: its unit's tokens encoded and decoded by the codec.
     // Arena units of a non-ring layout start at logical multiples of T (first_slot is 0 and
     // blocks hold whole units); the ring has T = 1.
+    // Sink tokens in a multi-token period are encoded as the period's last token (they are
+    // read from their F32 copies, and must not widen the scales the others share).
     auto round_trip = [&](bool key, const KvArenaView& arena, int i, int h) {
       const int unit_first = i - i % arena.group_tokens;
+      const int period_last = i - i % period + period - 1;
       std::vector<float> unit;
       for (int t = unit_first; t < unit_first + arena.group_tokens; ++t) {
-        const std::vector<float> row = want(key, t, h);
+        const std::vector<float> row =
+            want(key, period > 1 && t < sink_tokens ? period_last : t, h);
         unit.insert(unit.end(), row.begin(), row.end());
       }
       std::vector<std::byte> bytes(arena.unit_bytes);
