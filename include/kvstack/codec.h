@@ -82,12 +82,10 @@ class Codec {
 
   // The same for the rows of one kv head, for codecs whose parameters differ per head (the
   // low-rank codec's bases). Callers that know the head use these; the default ignores it.
-  virtual void EncodeHead(int kv_head, std::span<const float> src,
-                          std::span<std::byte> dst) const {
+  virtual void EncodeHead(int kv_head, std::span<const float> src, std::span<std::byte> dst) const {
     Encode(src, dst);
   }
-  virtual void DecodeHead(int kv_head, std::span<const std::byte> src,
-                          std::span<float> dst) const {
+  virtual void DecodeHead(int kv_head, std::span<const std::byte> src, std::span<float> dst) const {
     Decode(src, dst);
   }
 };

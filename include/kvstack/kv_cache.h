@@ -41,6 +41,9 @@ struct KvCacheOptions {
   int head_dim = 0;
   // config.capacity must be resolved (> 0) before Create.
   KvConfig config;
+  // Content hash of the model the cache serves (GgufFile::ContentHash): a calibration profile
+  // must have been measured on this model. Default: 0 (no profile can match).
+  uint64_t model_hash = 0;
   // Creates each layer's codecs from their names. Tests inject codecs the registry does not
   // have through it (e.g. a multi-token unit format). Default (empty): CreateCodec.
   std::function<absl::StatusOr<std::unique_ptr<Codec>>(std::string_view name, int head_dim,

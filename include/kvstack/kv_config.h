@@ -55,6 +55,8 @@ struct KvConfig {
     std::string v_codec;
   };
   std::vector<LayerCodecs> layer_codecs;
+  // Calibration profile (`kvstack calibrate`) for low-rank codecs. Default: none.
+  std::string profile;
 
   // The codec names of one layer, after overrides.
   const std::string& KCodecOf(int layer_idx) const;

@@ -12,6 +12,7 @@
 #include "kvstack/numeric.h"
 #include "represent/codec_impl.h"
 #include "represent/codec_name.h"
+#include "represent/lowrank_codec.h"
 
 namespace kvstack {
 namespace {
@@ -77,6 +78,12 @@ using BF16Codec = Half16Codec<CodecId::kBF16, &F32ToBF16, &BF16ToF32>;
 
 absl::StatusOr<std::unique_ptr<Codec>> CreateCodec(std::string_view name, int head_dim,
                                                    CodecRole role) {
+  if (IsLowRankCodecName(name)) {
+    KVS_RETURN_IF_ERROR(CheckLowRankCodecName(name));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "codec '", std::string(name),
+        "' needs a calibration profile: give --profile (kvstack calibrate writes one)"));
+  }
   KVS_ASSIGN_OR_RETURN(const CodecFormat format, ResolveCodecFormat(name, head_dim, role));
   switch (format.name.id) {
     case CodecId::kF32:
@@ -103,7 +110,10 @@ absl::StatusOr<std::unique_ptr<Codec>> CreateCodec(std::string_view name, int he
   return nullptr;
 }
 
-absl::Status CheckCodecName(std::string_view name) { return ParseCodecName(name).status(); }
+absl::Status CheckCodecName(std::string_view name) {
+  if (IsLowRankCodecName(name)) return CheckLowRankCodecName(name);
+  return ParseCodecName(name).status();
+}
 
 std::vector<std::string> CodecNames() { return CodecBaseNames(); }
 

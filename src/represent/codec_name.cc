@@ -68,9 +68,9 @@ absl::StatusOr<CodecName> ParseCodecName(std::string_view name) {
     if (candidate.name == base) entry = &candidate;
   }
   if (entry == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown codec '", std::string(name),
-                     "'; allowed: ", absl::StrJoin(CodecBaseNames(), ", ")));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown codec '", std::string(name), "'; allowed: ", absl::StrJoin(CodecBaseNames(), ", "),
+        ", lowrank-r<rank>[-int4], lowrank-e<percent>[-int4]"));
   }
   CodecName parsed{.id = entry->id, .base = std::string(base), .bits = entry->bits};
   if (entry->group == GroupKind::kNone) {

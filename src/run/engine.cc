@@ -76,6 +76,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const LlamaModel& model,
   cache_options.num_kv_heads = hp.num_kv_heads;
   cache_options.head_dim = hp.head_dim;
   cache_options.config = resolved.kv;
+  cache_options.model_hash = model.gguf().ContentHash();
   KVS_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(cache_options));
   return std::unique_ptr<Engine>(new Engine(model, resolved, std::move(cache)));
 }

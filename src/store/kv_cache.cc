@@ -18,11 +18,14 @@
 #include <functional>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "kvstack/check.h"
+#include "kvstack/kv_profile.h"
 #include "represent/hadamard.h"
+#include "represent/lowrank_codec.h"
 #include "store/kv_cache_impl.h"
 
 namespace kvstack {
@@ -114,15 +117,41 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
         config.capacity, "; allowed: sink_tokens < capacity"));
   }
 
-  const CodecFactory factory = options.codec_factory ? options.codec_factory : CreateCodec;
+  // Low-rank codecs are built from the calibration profile, loaded once for all layers.
+  std::optional<KvProfile> profile;
+  bool any_low_rank = false;
+  for (int layer_idx = 0; layer_idx < options.num_layers; ++layer_idx) {
+    any_low_rank = any_low_rank || IsLowRankCodecName(config.KCodecOf(layer_idx)) ||
+                   IsLowRankCodecName(config.VCodecOf(layer_idx));
+  }
+  if (any_low_rank) {
+    if (config.profile.empty()) {
+      return absl::InvalidArgumentError(
+          "kv cache: low-rank codecs need a calibration profile: give --profile (kvstack "
+          "calibrate writes one)");
+    }
+    KVS_ASSIGN_OR_RETURN(profile,
+                         KvProfile::Load(config.profile, options.model_hash, options.num_layers,
+                                         options.num_kv_heads, options.head_dim));
+  }
+  const CodecFactory registry = options.codec_factory ? options.codec_factory : CreateCodec;
+  auto make_codec = [&](const std::string& name, int layer_idx,
+                        CodecRole role) -> absl::StatusOr<std::unique_ptr<Codec>> {
+    if (!IsLowRankCodecName(name)) return registry(name, options.head_dim, role);
+    KVS_ASSIGN_OR_RETURN(
+        std::unique_ptr<LowRankCodec> codec,
+        LowRankCodec::Create(name, *profile, layer_idx,
+                             role == CodecRole::kKey ? KvKind::kKey : KvKind::kValue));
+    return std::unique_ptr<Codec>(std::move(codec));
+  };
   std::vector<Impl::Layer> layers(options.num_layers);
   int64_t period_lcm = 1;  // every layer's units must fit a contiguous region
   for (int layer_idx = 0; layer_idx < options.num_layers; ++layer_idx) {
     Impl::Layer& layer = layers[layer_idx];
     KVS_ASSIGN_OR_RETURN(layer.k_codec,
-                         factory(config.KCodecOf(layer_idx), options.head_dim, CodecRole::kKey));
+                         make_codec(config.KCodecOf(layer_idx), layer_idx, CodecRole::kKey));
     KVS_ASSIGN_OR_RETURN(layer.v_codec,
-                         factory(config.VCodecOf(layer_idx), options.head_dim, CodecRole::kValue));
+                         make_codec(config.VCodecOf(layer_idx), layer_idx, CodecRole::kValue));
     KVS_ASSIGN_OR_RETURN(layer.period,
                          UnitPeriod(*layer.k_codec, *layer.v_codec, config, layer_idx));
     period_lcm = std::lcm(period_lcm, int64_t{layer.period});

@@ -602,10 +602,18 @@ std::string Error(std::string_view name, int head_dim, CodecRole role = CodecRol
   return std::string(codec.status().message());
 }
 
+TEST(CodecFactoryTest, LowRankNeedsAProfile) {
+  EXPECT_TRUE(CheckCodecName("lowrank-r4-int4").ok());
+  EXPECT_FALSE(CheckCodecName("lowrank-q4").ok());
+  auto codec = CreateCodec("lowrank-r4", 8);
+  ASSERT_FALSE(codec.ok());
+  EXPECT_THAT(std::string(codec.status().message()), HasSubstr("needs a calibration profile"));
+}
+
 TEST(CodecFactoryTest, UnknownNameListsAllowed) {
   EXPECT_EQ(Error("int3", 64),
             "unknown codec 'int3'; allowed: f32, f16, bf16, fp8_e4m3, fp8_e5m2, int8, int4, "
-            "int2, q4_absmax, kivi4, kivi2");
+            "int2, q4_absmax, kivi4, kivi2, lowrank-r<rank>[-int4], lowrank-e<percent>[-int4]");
   EXPECT_THAT(Error("INT4", 64), HasSubstr("unknown codec 'INT4'"));
   EXPECT_THAT(Error("", 64), HasSubstr("unknown codec ''"));
 }

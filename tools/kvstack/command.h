@@ -18,5 +18,6 @@ RunFn RegisterInspect(CLI::App& app);
 RunFn RegisterMakeModel(CLI::App& app);
 RunFn RegisterBench(CLI::App& app);
 RunFn RegisterSweep(CLI::App& app);
+RunFn RegisterCalibrate(CLI::App& app);
 
 }  // namespace kvstack::cli

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   add(kvstack::cli::RegisterMakeModel);
   add(kvstack::cli::RegisterBench);
   add(kvstack::cli::RegisterSweep);
+  add(kvstack::cli::RegisterCalibrate);
   if (argc > 1 && argv[1][0] != '-') {
     std::string names;
     bool known = false;

@@ -35,6 +35,8 @@ void CacheFlags::Add(CLI::App* app, bool with_codec_flags) {
       "first S tokens of every sequence kept in F32 whatever the codecs (default 0)");
   app->add_flag("--hadamard-keys", hadamard_keys_,
                 "rotate keys by a Hadamard matrix before encoding (default off)");
+  app->add_option("--profile", profile_,
+                  "calibration profile for low-rank codecs (kvstack calibrate writes one)");
   app->add_option("--layer-codec", layer_codecs_,
                   "L:K:V codecs of layer L (K or V empty keeps the default); repeatable")
       ->take_all()
@@ -71,6 +73,7 @@ absl::StatusOr<KvConfig> CacheFlags::Resolve() const {
   if (policy_opt_->count() > 0) config.policy = policy_;
   if (sink_tokens_opt_->count() > 0) config.sink_tokens = sink_tokens_;
   if (hadamard_keys_) config.hadamard_keys = true;
+  if (!profile_.empty()) config.profile = profile_;
   for (const std::string& spec : layer_codecs_) {
     KVS_ASSIGN_OR_RETURN(KvConfig::LayerCodecs layer, ParseLayerCodec(spec));
     auto same_layer = [&](const KvConfig::LayerCodecs& l) {
@@ -108,6 +111,7 @@ nlohmann::json KvConfigJson(const KvConfig& config) {
                         {"policy", config.policy},
                         {"sink_tokens", config.sink_tokens},
                         {"hadamard_keys", config.hadamard_keys},
+                        {"profile", config.profile},
                         {"layer_codecs", layers}};
 }
 

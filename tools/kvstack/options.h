@@ -33,6 +33,7 @@ class CacheFlags {
   int max_sequences_ = 0;
   int sink_tokens_ = 0;
   bool hadamard_keys_ = false;
+  std::string profile_;
   std::vector<std::string> layer_codecs_;
   CLI::Option* sink_tokens_opt_ = nullptr;
   CLI::Option* layout_opt_ = nullptr;
