@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "cli_runner.h"
 #include "gtest/gtest.h"
 #include "kvstack/kv_profile.h"
 #include "kvstack/model.h"
@@ -14,7 +15,7 @@ namespace {
 const std::string kShared = KVS_SHARED_DIR;
 
 TEST(Calibrate, WritesAProfileKeyedToTheModel) {
-  const std::string dir = testing::TempDir();
+  const std::string dir = testing_cli::ScratchDir();
   const std::string out = dir + "/s260.kvsprof";
   const std::string cmd = std::string(KVS_CLI_PATH) + " calibrate -m " + kShared +
                           "/models/stories260K.gguf -f " + kShared +

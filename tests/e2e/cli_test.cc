@@ -8,46 +8,16 @@
 #include <sstream>
 #include <string>
 
+#include "cli_runner.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
 namespace {
 
+using namespace kvstack::testing_cli;  // NOLINT: test helpers
+
 const std::string kShared = KVS_SHARED_DIR;
 const std::string kModel = kShared + "/models/stories260K.gguf";
-
-struct CommandResult {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-CommandResult RunCli(const std::string& args) {
-  const std::string dir = testing::TempDir();
-  const std::string out = dir + "/cli_out.txt";
-  const std::string err = dir + "/cli_err.txt";
-  const std::string cmd =
-      std::string(KVS_CLI_PATH) + " " + args + " >" + out + " 2>" + err + " </dev/null";
-  const int status = std::system(cmd.c_str());
-  CommandResult result;
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  result.out = Slurp(out);
-  result.err = Slurp(err);
-  return result;
-}
-
-int Lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
-}
 
 TEST(Cli, GenerateGreedyPrintsReferenceTextAndJsonStats) {
   const CommandResult r =
@@ -68,7 +38,7 @@ TEST(Cli, GenerateGreedyPrintsReferenceTextAndJsonStats) {
 }
 
 TEST(Cli, GenerateWithPromptFileTomlConfigAndSampling) {
-  const std::string dir = testing::TempDir();
+  const std::string dir = ScratchDir();
   std::ofstream(dir + "/prompt.txt") << "The cat";
   std::ofstream(dir + "/kv.toml") << "[kv]\nlayout = \"ring\"\ncapacity = 40\nk_codec = \"bf16\"\n";
   const CommandResult r = RunCli("generate -m " + kModel + " --prompt-file " + dir +
@@ -92,7 +62,7 @@ TEST(Cli, GenerateWithPromptFileTomlConfigAndSampling) {
 TEST(Cli, PerplexityJson) {
   // A slice of the real text keeps this quick; the full-file figure is checked in
   // model_e2e_test.
-  const std::string dir = testing::TempDir();
+  const std::string dir = ScratchDir();
   std::ofstream(dir + "/slice.txt")
       << Slurp(kShared + "/data/tinystories_valid_head256k.txt").substr(0, 20000);
   const CommandResult r = RunCli("perplexity -m " + kModel + " -f " + dir +
@@ -115,7 +85,7 @@ TEST(Cli, InspectShowsMetadataAndTensors) {
 }
 
 TEST(Cli, MakeModelWritesALoadableModel) {
-  const std::string path = testing::TempDir() + "/tiny.gguf";
+  const std::string path = ScratchDir() + "/tiny.gguf";
   CommandResult r = RunCli("make-model --out " + path +
                            " --layers 2 --dim 64 --heads 4 --kv-heads 2 --ffn 128 --vocab 300 "
                            "--context 256");

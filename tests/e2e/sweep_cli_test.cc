@@ -9,52 +9,21 @@
 #include <sstream>
 #include <string>
 
+#include "cli_runner.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
 namespace {
 
+using namespace kvstack::testing_cli;  // NOLINT: test helpers
+
 const std::string kShared = KVS_SHARED_DIR;
 const std::string kModel = kShared + "/models/stories260K.gguf";
-
-struct CommandResult {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// Runs the CLI with `env` (e.g. "PATH=/x") in front of it, capturing stdout and stderr.
-CommandResult RunCli(const std::string& args, const std::string& env = "") {
-  const std::string dir = testing::TempDir();
-  const std::string out = dir + "/sweep_out.txt";
-  const std::string err = dir + "/sweep_err.txt";
-  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(KVS_CLI_PATH) +
-                          " " + args + " >" + out + " 2>" + err + " </dev/null";
-  const int status = std::system(cmd.c_str());
-  CommandResult result;
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  result.out = Slurp(out);
-  result.err = Slurp(err);
-  return result;
-}
-
-int Lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
-}
 
 class SweepCliTest : public testing::Test {
  protected:
   void SetUp() override {
-    dir_ = testing::TempDir() + "/sweep_cli";
+    dir_ = ScratchDir() + "/sweep_cli";
     std::filesystem::create_directories(dir_);
     // A slice of the validation text: enough for the 3 windows of 64 tokens each run uses.
     const std::string text = Slurp(kShared + "/data/tinystories_valid_head256k.txt");
