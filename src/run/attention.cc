@@ -19,6 +19,7 @@
 #include "run/attention.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -167,17 +168,33 @@ HWY_INLINE hn::Vec<D> LoadCodes(D d, const std::byte* codes, size_t i) {
                             hn::ShiftLeft<4>(hn::And(b, hn::Set(du16h, 0xF0))));
       unpacked = hn::BitCast(du8, w);
     } else {
+      // The Lanes(d) / 4 code bytes are broadcast to every 128-bit block; a byte shuffle
+      // puts byte l / 4 into i32 lane l, a per-lane shift by 2 * (l % 4) and a mask leave the
+      // code: 5 operations per vector instead of 14 for the widen-and-merge above.
       static_assert(kBits == 2);
-      const hn::Half<hn::Half<D>> dq;
-      const hn::Rebind<uint8_t, decltype(dq)> du8q;
-      const hn::Rebind<uint32_t, decltype(dq)> du32q;
-      const auto b = hn::PromoteTo(du32q, hn::LoadU(du8q, bytes));
-      const auto m = hn::Set(du32q, 3);
-      const auto w =
-          hn::Or(hn::Or(hn::And(b, m), hn::ShiftLeft<6>(hn::And(b, hn::Set(du32q, 0x0C)))),
-                 hn::Or(hn::ShiftLeft<12>(hn::And(b, hn::Set(du32q, 0x30))),
-                        hn::ShiftLeft<18>(hn::And(b, hn::Set(du32q, 0xC0)))));
-      unpacked = hn::BitCast(du8, w);
+      constexpr size_t kLanes = hn::MaxLanes(D());
+      const hn::Rebind<uint32_t, D> du32;
+      const hn::Repartition<uint8_t, decltype(du32)> du8x4;
+      uint32_t word = 0;
+      std::memcpy(&word, bytes, kLanes / 4);
+      alignas(64) static constexpr auto kShuffle = [] {
+        std::array<uint8_t, 4 * kLanes> table{};
+        for (size_t l = 0; l < kLanes; ++l) {
+          table[4 * l] = static_cast<uint8_t>(l / 4);
+          for (int k = 1; k < 4; ++k) table[4 * l + k] = 0x80;  // zero
+        }
+        return table;
+      }();
+      alignas(64) static constexpr auto kShift = [] {
+        std::array<uint32_t, kLanes> shift{};
+        for (size_t l = 0; l < kLanes; ++l) shift[l] = static_cast<uint32_t>(2 * (l % 4));
+        return shift;
+      }();
+      const auto broadcast = hn::BitCast(du8x4, hn::Set(du32, word));
+      const auto spread =
+          hn::BitCast(du32, hn::TableLookupBytesOr0(broadcast, hn::Load(du8x4, kShuffle.data())));
+      const auto codes2 = hn::And(hn::Shr(spread, hn::Load(du32, kShift.data())), hn::Set(du32, 3));
+      return hn::ConvertTo(d, hn::BitCast(di, codes2));
     }
     return hn::ConvertTo(d, hn::PromoteTo(di, unpacked));
   }
