@@ -44,6 +44,10 @@ struct KvConfig {
   // The first sink_tokens tokens of every sequence are kept in full precision (F32) whatever
   // the codecs. Default: 0.
   int sink_tokens = 0;
+  // The most recent tokens kept in full precision (F32) before they are encoded — KIVI's
+  // residual window. A multiple of every layer's unit period; not with the ring layout.
+  // Default: 0.
+  int recent_tokens = 0;
   // Rotate keys by an orthonormal Hadamard matrix before encoding (spreads outlier channels
   // across the group; head_dim must be a power of two). Default: false.
   bool hadamard_keys = false;

@@ -7,8 +7,9 @@
 //   sinks   [0, sinks.end)              F32 copies of the first tokens (attention sinks), when
 //                                       the config keeps sinks in full precision;
 //   arena   [sinks.end, pending.begin)  encoded units in the blocks;
-//   pending [pending.begin, num_tokens) F32 tokens of the unit still filling (codecs whose
-//                                       units hold several tokens).
+//   pending [pending.begin, num_tokens) F32 tokens not yet encoded: the unit still filling
+//                                       (codecs whose units hold several tokens) and the
+//                                       most recent `recent_tokens` (KIVI's residual).
 // Either F32 segment may be empty. Arena addressing: logical token i lives in slot
 //   s = (first_slot + i) % (block_table.size() * block_size)
 // i.e. in physical block block_table[s / block_size], row r = s % block_size, which belongs to
@@ -55,17 +56,23 @@ struct KvArenaView {
 struct KvF32Segment {
   const float* k = nullptr;  // [num_kv_heads][stride_tokens][head_dim]
   const float* v = nullptr;  // [num_kv_heads][stride_tokens][head_dim]
-  int stride_tokens = 0;     // buffer rows per kv head
-  int origin = 0;            // logical index of buffer row 0
+  int stride_tokens = 0;     // buffer rows per kv head (a circular buffer)
+  int origin = 0;            // logical index stored in buffer row 0; logical i is in row
+                             // (i - origin) % stride_tokens
   int begin = 0;             // logical range [begin, end) held here
   int end = 0;
 
   int num_tokens() const { return end - begin; }
   const float* KRow(int logical, int kv_head, int head_dim) const {
-    return k + (static_cast<size_t>(kv_head) * stride_tokens + (logical - origin)) * head_dim;
+    return k + Offset(logical, kv_head, head_dim);
   }
   const float* VRow(int logical, int kv_head, int head_dim) const {
-    return v + (static_cast<size_t>(kv_head) * stride_tokens + (logical - origin)) * head_dim;
+    return v + Offset(logical, kv_head, head_dim);
+  }
+  size_t Offset(int logical, int kv_head, int head_dim) const {
+    KVS_DCHECK(begin <= logical && logical < end && logical >= origin);
+    return (static_cast<size_t>(kv_head) * stride_tokens + (logical - origin) % stride_tokens) *
+           head_dim;
   }
 };
 

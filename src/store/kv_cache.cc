@@ -82,6 +82,16 @@ absl::StatusOr<int> UnitPeriod(const Codec& k, const Codec& v, const KvConfig& c
                      period, "-token units of codec '", std::string(wide.name()), "' (layer ",
                      layer_idx, "); allowed: a multiple of ", period));
   }
+  if (config.recent_tokens % period != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv cache: recent_tokens ", config.recent_tokens, " is not a multiple of the ",
+                     period, "-token units of codec '", std::string(wide.name()), "' (layer ",
+                     layer_idx, "); allowed: a multiple of ", period));
+  }
+  if (config.recent_tokens > 0 && config.layout == LayoutKind::kRing) {
+    return absl::InvalidArgumentError(
+        "kv cache: recent_tokens needs the contiguous or paged layout, not the ring");
+  }
   return period;
 }
 

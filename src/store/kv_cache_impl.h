@@ -85,6 +85,19 @@ struct KvCache::Impl {
         .codec_impl = &codec};
   }
 
+  int recent_tokens() const { return options.config.recent_tokens; }
+  // Rows of a layer's circular pending buffer: the recent window plus the unit still filling;
+  // 0 when every token is encoded as it arrives.
+  int PendingRows(const Layer& layer) const {
+    return layer.period == 1 && recent_tokens() == 0 ? 0 : recent_tokens() + layer.period;
+  }
+  // Logical tokens [0, EncodedEnd) of a sequence of num_tokens are in the arena; the rest wait
+  // in the pending buffer (whole units older than the recent window are encoded).
+  int EncodedEnd(const Layer& layer, int num_tokens) const {
+    if (PendingRows(layer) == 0) return num_tokens;
+    const int settled = num_tokens - recent_tokens();
+    return settled <= 0 ? 0 : settled - settled % layer.period;
+  }
   // Empty side buffers of the right sizes for a new sequence.
   std::vector<SideBuffers> NewSideBuffers() const {
     const size_t row_floats = static_cast<size_t>(options.num_kv_heads) * options.head_dim;
@@ -93,11 +106,9 @@ struct KvCache::Impl {
       const size_t sink_floats = row_floats * sink_tokens();
       side[layer_idx].sink_k.resize(sink_floats);
       side[layer_idx].sink_v.resize(sink_floats);
-      const int period = layers[layer_idx].period;
-      if (period > 1) {
-        side[layer_idx].pending_k.resize(row_floats * period);
-        side[layer_idx].pending_v.resize(row_floats * period);
-      }
+      const int rows = PendingRows(layers[layer_idx]);
+      side[layer_idx].pending_k.resize(row_floats * rows);
+      side[layer_idx].pending_v.resize(row_floats * rows);
     }
     return side;
   }
@@ -107,7 +118,7 @@ struct KvCache::Impl {
     const size_t row_floats = static_cast<size_t>(options.num_kv_heads) * options.head_dim;
     size_t floats = 0;
     for (const Layer& layer : layers) {
-      floats += 2 * row_floats * (sink_tokens() + (layer.period > 1 ? layer.period : 0));
+      floats += 2 * row_floats * (sink_tokens() + PendingRows(layer));
     }
     return floats * sizeof(float);
   }

@@ -43,6 +43,47 @@ void KvCache::Write(SeqId seq_id, int layer_idx, int logical_begin, std::span<co
   // the tokens written are sinks.
   const int64_t position_offset = seq.num_appended - seq.num_tokens;
   std::vector<float> rotated(rotate ? head_dim : 0);
+  const int pending_rows = impl_->PendingRows(layer);
+
+  // Called after the token that makes `num_written` tokens: when that moves the end of the
+  // encoded range, the one unit period that left the recent window is encoded from the
+  // pending buffer into the arena (P / Tk key units and P / Tv value units of every head,
+  // consecutive in one block: block_size is a multiple of the period).
+  auto EncodeSettledUnit = [&](int num_written) {
+    const int settled = num_written - impl_->recent_tokens();
+    if (settled <= 0 || settled % period != 0) return;
+    const int unit_first = settled - period;
+    const int slot = view.first_slot + unit_first;  // non-ring: no wrap
+    const int32_t block_id = view.block_table[slot / view.block_size];
+    const int first_row = slot % view.block_size;
+    const size_t head_floats = static_cast<size_t>(pending_rows) * head_dim;
+    const size_t unit_offset = static_cast<size_t>(unit_first % pending_rows) * head_dim;
+    const size_t period_floats = static_cast<size_t>(period) * head_dim;
+    // Sink tokens are read from their F32 copies, never from the arena; keeping their (often
+    // extreme) values out of the unit keeps them from widening the scales the other tokens of
+    // the unit share. They are replaced by the unit's last token.
+    const int64_t first_pos = position_offset + unit_first;
+    const int num_sink_rows =
+        static_cast<int>(std::clamp<int64_t>(sink_tokens - first_pos, 0, period - 1));
+    for (int h = 0; h < view.num_kv_heads; ++h) {
+      const std::span<float> pending_k =
+          std::span(side.pending_k).subspan(h * head_floats + unit_offset, period_floats);
+      const std::span<float> pending_v =
+          std::span(side.pending_v).subspan(h * head_floats + unit_offset, period_floats);
+      for (int r = 0; r < num_sink_rows; ++r) {
+        std::copy_n(pending_k.end() - head_dim, head_dim, pending_k.begin() + r * head_dim);
+        std::copy_n(pending_v.end() - head_dim, head_dim, pending_v.begin() + r * head_dim);
+      }
+      const int k_tokens = view.k.group_tokens;
+      const int v_tokens = view.v.group_tokens;
+      k_codec.EncodeHead(h, pending_k,
+                         {k_unit(block_id, first_row / k_tokens, h),
+                          static_cast<size_t>(period / k_tokens) * view.k.unit_bytes});
+      v_codec.EncodeHead(h, pending_v,
+                         {v_unit(block_id, first_row / v_tokens, h),
+                          static_cast<size_t>(period / v_tokens) * view.v.unit_bytes});
+    }
+  };
 
   view.ForEachRun(
       logical_begin, logical_begin + num_tokens,
@@ -69,48 +110,20 @@ void KvCache::Write(SeqId seq_id, int layer_idx, int logical_begin, std::span<co
               std::copy(k_row.begin(), k_row.end(), side.sink_k.begin() + dst);
               std::copy(v_row.begin(), v_row.end(), side.sink_v.begin() + dst);
             }
-            if (period == 1) {
-              // One-token units: encode straight from the input, no copy.
+            if (pending_rows == 0) {
+              // Encoded as it arrives: straight from the input, no copy.
               k_codec.EncodeHead(h, k_row, {k_unit(block_id, row, h), view.k.unit_bytes});
               v_codec.EncodeHead(h, v_row, {v_unit(block_id, row, h), view.v.unit_bytes});
             } else {
-              // The pending buffer is also the gather buffer: a unit needs one head's tokens
-              // contiguous, the input interleaves the heads.
-              const size_t dst = (static_cast<size_t>(h) * period + logical % period) * head_dim;
+              // The pending buffer (circular, row = logical % pending_rows) is also the gather
+              // buffer: a unit needs one head's tokens contiguous, the input interleaves heads.
+              const size_t dst =
+                  (static_cast<size_t>(h) * pending_rows + logical % pending_rows) * head_dim;
               std::copy(k_row.begin(), k_row.end(), side.pending_k.begin() + dst);
               std::copy(v_row.begin(), v_row.end(), side.pending_v.begin() + dst);
             }
           }
-          if (period > 1 && (logical + 1) % period == 0) {
-            // The period is complete: encode its P / Tk key units and P / Tv value units of
-            // every head, consecutive in the block (block_size is a multiple of the period).
-            const int first_row = row + 1 - period;
-            const size_t period_floats = static_cast<size_t>(period) * head_dim;
-            // Sink tokens are read from their F32 copies, never from the arena; keeping their
-            // (often extreme) values out of the unit keeps them from widening the scales the
-            // other tokens of the unit share. They are replaced by the unit's last token.
-            const int64_t first_pos = pos + 1 - period;
-            const int num_sink_rows =
-                static_cast<int>(std::clamp<int64_t>(sink_tokens - first_pos, 0, period - 1));
-            for (int h = 0; h < view.num_kv_heads; ++h) {
-              const std::span<float> pending_k =
-                  std::span(side.pending_k).subspan(h * period_floats, period_floats);
-              const std::span<float> pending_v =
-                  std::span(side.pending_v).subspan(h * period_floats, period_floats);
-              for (int r = 0; r < num_sink_rows; ++r) {
-                std::copy_n(pending_k.end() - head_dim, head_dim, pending_k.begin() + r * head_dim);
-                std::copy_n(pending_v.end() - head_dim, head_dim, pending_v.begin() + r * head_dim);
-              }
-              const int k_tokens = view.k.group_tokens;
-              const int v_tokens = view.v.group_tokens;
-              k_codec.EncodeHead(h, pending_k,
-                                 {k_unit(block_id, first_row / k_tokens, h),
-                                  period / k_tokens * view.k.unit_bytes});
-              v_codec.EncodeHead(h, pending_v,
-                                 {v_unit(block_id, first_row / v_tokens, h),
-                                  period / v_tokens * view.v.unit_bytes});
-            }
-          }
+          if (pending_rows > 0) EncodeSettledUnit(logical + 1);
         }
       });
 }
@@ -122,7 +135,7 @@ KvLayerView KvCache::View(SeqId seq_id, int layer_idx) const {
   const Impl::SideBuffers& side = seq.layers[layer_idx];
   const int sink_tokens = impl_->sink_tokens();
   const int sinks_end = std::min(sink_tokens, seq.num_tokens);
-  const int unit_begin = seq.num_tokens - seq.num_tokens % layer.period;
+  const int encoded_end = impl_->EncodedEnd(layer, seq.num_tokens);
   return KvLayerView{
       .k = impl_->ArenaView(layer.k, *layer.k_codec, layer.k_block_stride),
       .v = impl_->ArenaView(layer.v, *layer.v_codec, layer.v_block_stride),
@@ -141,9 +154,9 @@ KvLayerView KvCache::View(SeqId seq_id, int layer_idx) const {
       // Sinks win where the two overlap: a sink is never also pending.
       .pending = {.k = side.pending_k.empty() ? nullptr : side.pending_k.data(),
                   .v = side.pending_v.empty() ? nullptr : side.pending_v.data(),
-                  .stride_tokens = layer.period,
-                  .origin = unit_begin,
-                  .begin = std::max(unit_begin, sinks_end),
+                  .stride_tokens = std::max(1, impl_->PendingRows(layer)),
+                  .origin = 0,
+                  .begin = std::max(encoded_end, sinks_end),
                   .end = seq.num_tokens},
       .keys_rotated = impl_->options.config.hadamard_keys,
   };

@@ -30,9 +30,9 @@ constexpr std::array<std::string_view, 3> kLayoutNames = {"contiguous", "paged",
 
 // Every key a config file may set, in the order ToString prints the fields. "layer" is the
 // table of per-layer codec overrides: [kv.layer.N] k_codec = ..., v_codec = ...
-constexpr std::array<std::string_view, 11> kConfigKeys = {
+constexpr std::array<std::string_view, 12> kConfigKeys = {
     "layout", "block_size",  "k_codec",       "v_codec", "capacity", "max_sequences",
-    "policy", "sink_tokens", "hadamard_keys", "layer",   "profile"};
+    "policy", "sink_tokens", "hadamard_keys", "layer",   "profile",  "recent_tokens"};
 constexpr std::array<std::string_view, 2> kLayerKeys = {"k_codec", "v_codec"};
 
 // absl::StrCat/StrJoin take absl::string_view, which in Debian's absl build is not
@@ -152,6 +152,8 @@ absl::Status ApplyKey(std::string_view key, const toml::node& node, KvConfig* co
     KVS_ASSIGN_OR_RETURN(config->hadamard_keys, GetBool(key, node));
   } else if (key == "layer") {
     KVS_RETURN_IF_ERROR(ApplyLayerTable(node, config));
+  } else if (key == "recent_tokens") {
+    KVS_ASSIGN_OR_RETURN(config->recent_tokens, GetInt32(key, node));
   } else if (key == "profile") {
     KVS_ASSIGN_OR_RETURN(config->profile, GetString(key, node));
   } else {
@@ -236,6 +238,7 @@ std::string KvConfig::ToString() const {
       " v=", v_codec, " capacity=", capacity, " max_sequences=", max_sequences, " policy=", policy);
   if (sink_tokens > 0) absl::StrAppend(&out, " sinks=", sink_tokens);
   if (hadamard_keys) absl::StrAppend(&out, " hadamard");
+  if (recent_tokens > 0) absl::StrAppend(&out, " recent=", recent_tokens);
   if (!profile.empty()) absl::StrAppend(&out, " profile=", profile);
   for (const LayerCodecs& entry : layer_codecs) {
     absl::StrAppend(&out, " layer.", entry.layer_idx, "=", KCodecOf(entry.layer_idx), "/",
@@ -272,6 +275,11 @@ absl::Status ValidateKvConfig(const KvConfig& config) {
     return absl::InvalidArgumentError(absl::StrCat("kv config: sink_tokens ", config.sink_tokens,
                                                    " is out of range; allowed: 0..",
                                                    kMaxSinkTokens));
+  }
+  if (config.recent_tokens < 0 || config.recent_tokens > kMaxSinkTokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv config: recent_tokens ", config.recent_tokens,
+                     " is out of range; allowed: 0..", kMaxSinkTokens));
   }
   // layer_idx < num_layers is checked by KvCache::Create, the first place the model is known.
   std::vector<int> seen_layers;

@@ -127,6 +127,7 @@ struct Setup {
   PackedNames packed = {};
   std::vector<KvConfig::LayerCodecs> layer_codecs = {};
   int sink_tokens = 0;
+  int recent_tokens = 0;
   bool hadamard = false;
   bool one_token_units = true;                   // whether the ring can run it
   std::array<int, kNumLayers> periods = {1, 1};  // lcm(Tk, Tv) per layer
@@ -172,6 +173,19 @@ const Setup kSetups[] = {
      .hadamard = true,
      .one_token_units = false,
      .periods = {8, 1}},
+    // KIVI's residual: the last 16 tokens stay F32, older whole units are encoded.
+    {.name = "kivi4g8_recent16_sinks2",
+     .k_codec = "kivi4-g8",
+     .v_codec = "int4-g8",
+     .sink_tokens = 2,
+     .recent_tokens = 16,
+     .one_token_units = false,
+     .periods = {8, 8}},
+    {.name = "int8_recent8",
+     .k_codec = "int8",
+     .v_codec = "int8",
+     .recent_tokens = 8,
+     .one_token_units = false},
     {.name = "int8_q4absmax_fp8_layer1",
      .k_codec = "int8",
      .v_codec = "q4_absmax",
@@ -196,6 +210,7 @@ std::unique_ptr<KvCache> MakeCache(const Params& params, int64_t capacity, int m
   options.config.v_codec = params.setup.v_codec;
   options.config.layer_codecs = params.setup.layer_codecs;
   options.config.sink_tokens = params.setup.sink_tokens;
+  options.config.recent_tokens = params.setup.recent_tokens;
   options.config.hadamard_keys = params.setup.hadamard;
   options.codec_factory = Factory(params.setup.packed);
   auto cache = KvCache::Create(options);
@@ -266,10 +281,15 @@ void ExpectContents(const KvCache& cache, SeqId seq_id, const History& history) 
     const int period = std::max(view.k.group_tokens, view.v.group_tokens);
     EXPECT_EQ(view.sinks.begin, 0);
     EXPECT_EQ(view.sinks.end, std::min(sink_tokens, num_tokens));
-    EXPECT_EQ(view.pending.origin, num_tokens - num_tokens % period);
-    EXPECT_EQ(view.pending.begin, std::max(view.pending.origin, view.sinks.end));
+    // The pending buffer is circular from logical 0; it starts after the last whole unit
+    // older than the recent window.
+    const int recent = cache.config().recent_tokens;
+    const int settled = std::max(0, num_tokens - recent);
+    EXPECT_EQ(view.pending.origin, 0);
+    EXPECT_EQ(view.pending.begin, std::max(settled - settled % period, view.sinks.end));
     EXPECT_EQ(view.pending.end, num_tokens);
-    EXPECT_EQ(view.pending.num_tokens() == 0, num_tokens % period == 0 || num_tokens <= sink_tokens)
+    EXPECT_EQ(view.pending.num_tokens() == 0,
+              (recent == 0 && num_tokens % period == 0) || num_tokens <= sink_tokens)
         << "layer " << layer_idx << " num_tokens " << num_tokens;
     EXPECT_EQ(view.k.head_stride,
               static_cast<size_t>(view.block_size / view.k.group_tokens) * view.k.unit_bytes);

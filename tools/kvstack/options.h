@@ -33,6 +33,8 @@ class CacheFlags {
   int max_sequences_ = 0;
   int sink_tokens_ = 0;
   bool hadamard_keys_ = false;
+  int recent_tokens_ = 0;
+  CLI::Option* recent_tokens_opt_ = nullptr;
   std::string profile_;
   std::vector<std::string> layer_codecs_;
   CLI::Option* sink_tokens_opt_ = nullptr;
