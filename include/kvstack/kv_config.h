@@ -74,8 +74,9 @@ struct KvConfig {
 absl::Status ValidateKvConfig(const KvConfig& config);
 
 // Parses TOML text. Keys (all optional, defaults above): layout, block_size, k_codec, v_codec,
-// capacity, max_sequences, policy — at top level or under a [kv] table. Unknown keys are an
-// error (a typo must not silently leave a default in place). The result is validated.
+// capacity, max_sequences, policy, sink_tokens, recent_tokens, hadamard_keys, profile — at top
+// level or under a [kv] table — and [kv.layer.N] tables with k_codec / v_codec. Unknown keys
+// are an error (a typo must not silently leave a default in place). The result is validated.
 absl::StatusOr<KvConfig> ParseKvConfigToml(std::string_view toml_text);
 // Reads and parses a TOML file; errors name the path.
 absl::StatusOr<KvConfig> LoadKvConfigFile(const std::string& path);
