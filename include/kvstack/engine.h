@@ -41,6 +41,9 @@ struct EngineProfile {
   double cache_bytes_read = 0;
 };
 
+// The cache options for a model's shape and content hash with the given cache design.
+KvCacheOptions CacheOptionsFor(const LlamaModel& model, const KvConfig& kv);
+
 class Engine {
  public:
   // The model must outlive the engine. Errors: invalid options or KvConfig (one line naming

@@ -48,6 +48,17 @@ Engine::Engine(const LlamaModel& model, const EngineOptions& options,
 
 Engine::~Engine() = default;
 
+KvCacheOptions CacheOptionsFor(const LlamaModel& model, const KvConfig& kv) {
+  const LlamaHparams& hp = model.hparams();
+  KvCacheOptions options;
+  options.num_layers = hp.num_layers;
+  options.num_kv_heads = hp.num_kv_heads;
+  options.head_dim = hp.head_dim;
+  options.config = kv;
+  options.model_hash = model.gguf().ContentHash();
+  return options;
+}
+
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const LlamaModel& model,
                                                        const EngineOptions& options) {
   if (options.context_tokens < 1) {
@@ -70,14 +81,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const LlamaModel& model,
     resolved.max_batch =
         static_cast<int>(std::min<int64_t>(resolved.max_batch, resolved.kv.capacity));
   }
-  const LlamaHparams& hp = model.hparams();
-  KvCacheOptions cache_options;
-  cache_options.num_layers = hp.num_layers;
-  cache_options.num_kv_heads = hp.num_kv_heads;
-  cache_options.head_dim = hp.head_dim;
-  cache_options.config = resolved.kv;
-  cache_options.model_hash = model.gguf().ContentHash();
-  KVS_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(cache_options));
+  KVS_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
+                       KvCache::Create(CacheOptionsFor(model, resolved.kv)));
   return std::unique_ptr<Engine>(new Engine(model, resolved, std::move(cache)));
 }
 

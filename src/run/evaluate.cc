@@ -91,6 +91,8 @@ KvConfig ReferenceConfig(const KvConfig& config) {
   reference.layer_codecs.clear();
   reference.sink_tokens = 0;
   reference.hadamard_keys = false;
+  reference.recent_tokens = 0;
+  reference.profile.clear();
   return reference;
 }
 
@@ -103,11 +105,7 @@ absl::Status CheckConfig(const LlamaModel& model, const KvConfig& config,
   KVS_RETURN_IF_ERROR(ValidateKvConfig(config));
   // A cache of one window is small (ctx tokens); building it runs every check KvCache::Create
   // makes, with the engine's resolution of capacity 0 to the tokens the run needs.
-  KvCacheOptions cache_options;
-  cache_options.num_layers = model.hparams().num_layers;
-  cache_options.num_kv_heads = model.hparams().num_kv_heads;
-  cache_options.head_dim = model.hparams().head_dim;
-  cache_options.config = config;
+  KvCacheOptions cache_options = CacheOptionsFor(model, config);
   if (cache_options.config.capacity == 0) cache_options.config.capacity = options.ctx;
   return KvCache::Create(cache_options).status();
 }

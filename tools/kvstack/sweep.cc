@@ -20,6 +20,7 @@
 #include "command.h"
 #include "kvstack/codec.h"
 #include "options.h"
+#include "represent/lowrank_codec.h"
 #include "run/evaluate.h"
 
 namespace kvstack::cli {
@@ -75,12 +76,16 @@ absl::Status CheckGrid(const std::vector<KvConfig>& grid, const LlamaModel& mode
                        const EvaluateOptions& options) {
   const LlamaHparams& hparams = model.hparams();
   for (const KvConfig& config : grid) {
+    // Low-rank codecs need the profile, which CheckConfig's cache loads; the name is checked
+    // here, the rest there.
+    auto check = [&](const std::string& name, CodecRole role) {
+      return IsLowRankCodecName(name) ? CheckCodecName(name)
+                                      : CreateCodec(name, hparams.head_dim, role).status();
+    };
     for (int layer_idx = 0; layer_idx < hparams.num_layers; ++layer_idx) {
-      absl::Status k =
-          CreateCodec(config.KCodecOf(layer_idx), hparams.head_dim, CodecRole::kKey).status();
+      absl::Status k = check(config.KCodecOf(layer_idx), CodecRole::kKey);
       if (!k.ok()) return absl::InvalidArgumentError(absl::StrCat("--k-codec: ", k.message()));
-      absl::Status v =
-          CreateCodec(config.VCodecOf(layer_idx), hparams.head_dim, CodecRole::kValue).status();
+      absl::Status v = check(config.VCodecOf(layer_idx), CodecRole::kValue);
       if (!v.ok()) return absl::InvalidArgumentError(absl::StrCat("--v-codec: ", v.message()));
     }
     KVS_RETURN_IF_ERROR(CheckConfig(model, config, options));
