@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "cache_test_util.h"
 #include "kvstack/kv_cache.h"
 #include "represent/hadamard.h"
 
@@ -29,10 +30,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr int kNumLayers = 2;
-constexpr int kNumKvHeads = 2;
-constexpr int kHeadDim = 4;
-constexpr int kTokenFloats = kNumKvHeads * kHeadDim;
+using namespace cache_test;  // NOLINT: the shared shape and helpers of the cache suites
 
 class PackedF32Codec final : public Codec {
  public:
@@ -216,32 +214,6 @@ std::unique_ptr<KvCache> MakeCache(const Params& params, int64_t capacity, int m
   auto cache = KvCache::Create(options);
   KVS_CHECK(cache.ok());
   return std::move(*cache);
-}
-
-// Everything ever appended to one sequence, per layer, as written (keys unrotated):
-// [num_appended, num_kv_heads, head_dim].
-struct History {
-  std::vector<float> k[kNumLayers];
-  std::vector<float> v[kNumLayers];
-  int num_appended() const { return static_cast<int>(k[0].size() / kTokenFloats); }
-};
-
-void Append(KvCache& cache, SeqId seq_id, int num_new_tokens, std::mt19937& rng, History* history) {
-  auto plan = cache.PlanAppend(seq_id, num_new_tokens);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  ASSERT_TRUE(plan->fits) << num_new_tokens;
-  ASSERT_TRUE(cache.CommitAppend(*plan).ok());
-  const int logical_begin = cache.NumTokens(seq_id) - num_new_tokens;
-  std::uniform_real_distribution<float> exponent(-6.0f, 6.0f);
-  for (int layer_idx = 0; layer_idx < kNumLayers; ++layer_idx) {
-    std::vector<float> k(num_new_tokens * kTokenFloats);
-    std::vector<float> v(k.size());
-    for (float& x : k) x = std::exp2(exponent(rng)) * ((rng() & 1) ? 1.0f : -1.0f);
-    for (float& x : v) x = std::exp2(exponent(rng)) * ((rng() & 1) ? 1.0f : -1.0f);
-    cache.Write(seq_id, layer_idx, logical_begin, k, v);
-    history->k[layer_idx].insert(history->k[layer_idx].end(), k.begin(), k.end());
-    history->v[layer_idx].insert(history->v[layer_idx].end(), v.begin(), v.end());
-  }
 }
 
 // One head's row of logical token i read from the arena: decodes the whole unit holding it.

@@ -16,15 +16,14 @@
 #include <thread>
 #include <vector>
 
+#include "cache_test_util.h"
+
 namespace kvstack {
 namespace {
 
 using ::testing::HasSubstr;
 
-constexpr int kNumLayers = 2;
-constexpr int kNumKvHeads = 2;
-constexpr int kHeadDim = 4;
-constexpr int kTokenFloats = kNumKvHeads * kHeadDim;
+using namespace cache_test;  // NOLINT: the shared shape and helpers of the cache suites
 
 // Round-trip bound relative to |x| for values in the normal range.
 double Tolerance(const std::string& codec) {
@@ -56,32 +55,6 @@ std::unique_ptr<KvCache> MakeCache(const CacheParams& params) {
   auto cache = KvCache::Create(options);
   KVS_CHECK(cache.ok());
   return std::move(*cache);
-}
-
-// Everything ever appended to one sequence, per layer: [num_appended, num_kv_heads, head_dim].
-// The sequence holds the last NumTokens() of them.
-struct History {
-  std::vector<float> k[kNumLayers];
-  std::vector<float> v[kNumLayers];
-};
-
-// Plans, commits and writes `num_new_tokens` random tokens in every layer.
-void Append(KvCache& cache, SeqId seq_id, int num_new_tokens, std::mt19937& rng, History* history) {
-  auto plan = cache.PlanAppend(seq_id, num_new_tokens);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  ASSERT_TRUE(plan->fits);
-  ASSERT_TRUE(cache.CommitAppend(*plan).ok());
-  const int logical_begin = cache.NumTokens(seq_id) - num_new_tokens;
-  std::uniform_real_distribution<float> exponent(-6.0f, 6.0f);
-  for (int layer_idx = 0; layer_idx < kNumLayers; ++layer_idx) {
-    std::vector<float> k(num_new_tokens * kTokenFloats);
-    std::vector<float> v(k.size());
-    for (float& x : k) x = std::exp2(exponent(rng)) * ((rng() & 1) ? 1.0f : -1.0f);
-    for (float& x : v) x = std::exp2(exponent(rng)) * ((rng() & 1) ? 1.0f : -1.0f);
-    cache.Write(seq_id, layer_idx, logical_begin, k, v);
-    history->k[layer_idx].insert(history->k[layer_idx].end(), k.begin(), k.end());
-    history->v[layer_idx].insert(history->v[layer_idx].end(), v.begin(), v.end());
-  }
 }
 
 // Decodes every logical token of one arena through the addressing formula of kv_view.h.
