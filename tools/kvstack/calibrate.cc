@@ -43,12 +43,9 @@ std::vector<float> LayerRows(const KvLayerView& view, bool keys) {
 absl::Status RunCalibrate(const CalibrateFlags& flags) {
   if (flags.max_windows < 1) return absl::InvalidArgumentError("--max-windows must be >= 1");
   if (flags.ctx < 2) return absl::InvalidArgumentError("--ctx must be >= 2");
-  std::ifstream in(flags.file, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrFormat("cannot open text file '%s'", flags.file));
-  std::stringstream text;
-  text << in.rdbuf();
+  KVS_ASSIGN_OR_RETURN(const std::string text, ReadTextFile(flags.file, "text file"));
   KVS_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LoadModel(flags.model));
-  const std::vector<TokenId> tokens = model->tokenizer().Encode(text.str(), /*add_bos=*/true);
+  const std::vector<TokenId> tokens = model->tokenizer().Encode(text, /*add_bos=*/true);
   const int num_windows =
       std::min<int>(flags.max_windows, static_cast<int>(tokens.size() / flags.ctx));
   if (num_windows < 1) {

@@ -25,18 +25,10 @@ struct GenerateFlags {
   EngineFlags engine;
 };
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrFormat("cannot open '%s'", path));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
 absl::Status RunGenerate(const GenerateFlags& flags) {
   std::string prompt = flags.prompt;
   if (!flags.prompt_file.empty()) {
-    KVS_ASSIGN_OR_RETURN(prompt, ReadFile(flags.prompt_file));
+    KVS_ASSIGN_OR_RETURN(prompt, ReadTextFile(flags.prompt_file, "prompt file"));
   }
   KVS_ASSIGN_OR_RETURN(KvConfig kv, flags.cache.Resolve());
   KVS_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LoadModel(flags.model));

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
@@ -98,6 +100,14 @@ void EngineFlags::Add(CLI::App* app) {
 absl::StatusOr<std::unique_ptr<LlamaModel>> LoadModel(const std::string& path) {
   if (path.empty()) return absl::InvalidArgumentError("--model is required");
   return LlamaModel::Load(path);
+}
+
+absl::StatusOr<std::string> ReadTextFile(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrFormat("cannot open %s '%s'", what, path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 nlohmann::json KvConfigJson(const KvConfig& config) {

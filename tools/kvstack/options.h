@@ -55,6 +55,9 @@ struct EngineFlags {
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LoadModel(const std::string& path);
 
+// The whole file as bytes; NotFound naming `what` and the path when it cannot be opened.
+absl::StatusOr<std::string> ReadTextFile(const std::string& path, const std::string& what);
+
 // Parses one --layer-codec value "L:K:V" (layer index, key codec, value codec; K or V may be
 // empty to keep the default). Codec names are checked later, with the whole configuration.
 absl::StatusOr<KvConfig::LayerCodecs> ParseLayerCodec(std::string_view spec);

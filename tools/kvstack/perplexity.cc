@@ -22,12 +22,9 @@ struct PerplexityFlags {
 
 absl::Status RunPerplexity(const PerplexityFlags& flags) {
   KVS_ASSIGN_OR_RETURN(KvConfig kv, flags.cache.Resolve());
-  std::ifstream in(flags.file, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrFormat("cannot open text file '%s'", flags.file));
-  std::stringstream text;
-  text << in.rdbuf();
+  KVS_ASSIGN_OR_RETURN(const std::string text, ReadTextFile(flags.file, "text file"));
   KVS_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LoadModel(flags.model));
-  const std::vector<TokenId> tokens = model->tokenizer().Encode(text.str(), /*add_bos=*/true);
+  const std::vector<TokenId> tokens = model->tokenizer().Encode(text, /*add_bos=*/true);
 
   EngineOptions engine_options;
   engine_options.kv = kv;

@@ -420,8 +420,7 @@ absl::Status RunSweep(const SweepFlags& flags) {
   KVS_RETURN_IF_ERROR(CheckOutputPath("--json", flags.json_path));
   KVS_RETURN_IF_ERROR(CheckOutputPath("--plot", flags.plot_prefix));
   if (!flags.plot_prefix.empty()) KVS_RETURN_IF_ERROR(CheckGnuplot());
-  std::ifstream in(flags.file, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrFormat("cannot open text file '%s'", flags.file));
+  KVS_ASSIGN_OR_RETURN(const std::string text, ReadTextFile(flags.file, "text file"));
   KVS_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LoadModel(flags.model));
   EvaluateOptions options;
   options.ctx = flags.ctx;
@@ -430,9 +429,7 @@ absl::Status RunSweep(const SweepFlags& flags) {
   options.max_windows = flags.max_windows;
   KVS_RETURN_IF_ERROR(CheckGrid(grid, *model, options));
 
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::vector<TokenId> tokens = model->tokenizer().Encode(text.str(), /*add_bos=*/true);
+  const std::vector<TokenId> tokens = model->tokenizer().Encode(text, /*add_bos=*/true);
   int num_windows = flags.ctx > 0 ? static_cast<int>(tokens.size() / flags.ctx) : 0;
   if (flags.max_windows > 0) num_windows = std::min(num_windows, flags.max_windows);
 
