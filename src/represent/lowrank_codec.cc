@@ -1,7 +1,8 @@
 // Low-rank storage of keys and values: projection onto a calibrated per-head basis. The
 // projection and reconstruction are plain dot products in float; the 4-bit variant quantises
 // the coordinates of a row with one asymmetric scale, since a row's coordinates share a
-// dynamic range that shrinks with the component index.
+// dynamic range that shrinks with the component index (the same asymmetric quantiser as the
+// int4 codecs, from quant.h).
 #include "represent/lowrank_codec.h"
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "kvstack/check.h"
 #include "kvstack/numeric.h"
+#include "represent/quant.h"
 
 namespace kvstack {
 namespace {
@@ -108,6 +110,7 @@ void LowRankCodec::EncodeHead(int kv_head, std::span<const float> src,
   const std::span<const float> mu = mean(kv_head);
   const std::span<const float> u = basis(kv_head);
   std::vector<float> coords(rank_);
+  std::vector<uint8_t> codes(rank_);
   for (size_t r = 0; r < num_rows; ++r) {
     const float* x = src.data() + r * head_dim_;
     for (int j = 0; j < rank_; ++j) {
@@ -121,26 +124,15 @@ void LowRankCodec::EncodeHead(int kv_head, std::span<const float> src,
     }
     std::byte* out = dst.data() + r * unit_bytes();
     if (!int4_) {
-      for (int j = 0; j < rank_; ++j) {
-        const uint16_t h = F32ToF16(coords[j]);
-        std::memcpy(out + 2 * j, &h, 2);
-      }
+      for (int j = 0; j < rank_; ++j) quant::StoreF16(out + 2 * j, F32ToF16(coords[j]));
       continue;
     }
-    const auto [lo_it, hi_it] = std::minmax_element(coords.begin(), coords.end());
-    const uint16_t min_h = F32ToF16(*lo_it);
-    const float min = F16ToF32(min_h);
-    const uint16_t scale_h = F32ToF16((*hi_it - min) / 15.0f);
-    const float scale = F16ToF32(scale_h);
-    std::memcpy(out, &scale_h, 2);
-    std::memcpy(out + 2, &min_h, 2);
-    std::memset(out + 4, 0, (rank_ + 1) / 2);
-    for (int j = 0; j < rank_; ++j) {
-      const int q =
-          scale > 0 ? std::clamp(static_cast<int>(std::lround((coords[j] - min) / scale)), 0, 15)
-                    : 0;
-      out[4 + j / 2] |= static_cast<std::byte>(q << (4 * (j % 2)));
-    }
+    // The row's coordinates share one asymmetric 4-bit scale: quant.h's group quantiser.
+    const quant::Affine affine = quant::MakeAffine(coords.data(), rank_, 1, 4);
+    quant::StoreF16(out, affine.scale.bits);
+    quant::StoreF16(out + 2, affine.min.bits);
+    for (int j = 0; j < rank_; ++j) codes[j] = static_cast<uint8_t>(affine.Code(coords[j]));
+    quant::PackCodes(codes.data(), rank_, 4, out + 4);
   }
 }
 
@@ -156,20 +148,12 @@ void LowRankCodec::DecodeHead(int kv_head, std::span<const std::byte> src,
   for (size_t r = 0; r < num_rows; ++r) {
     const std::byte* in = src.data() + r * unit_bytes();
     if (!int4_) {
-      for (int j = 0; j < rank_; ++j) {
-        uint16_t h;
-        std::memcpy(&h, in + 2 * j, 2);
-        coords[j] = F16ToF32(h);
-      }
+      for (int j = 0; j < rank_; ++j) coords[j] = quant::LoadF16(in + 2 * j);
     } else {
-      uint16_t scale_h, min_h;
-      std::memcpy(&scale_h, in, 2);
-      std::memcpy(&min_h, in + 2, 2);
-      const float scale = F16ToF32(scale_h);
-      const float min = F16ToF32(min_h);
+      const float scale = quant::LoadF16(in);
+      const float min = quant::LoadF16(in + 2);
       for (int j = 0; j < rank_; ++j) {
-        const int q = (static_cast<int>(in[4 + j / 2]) >> (4 * (j % 2))) & 15;
-        coords[j] = q * scale + min;
+        coords[j] = quant::AffineValue(quant::GetCode(in + 4, j, 4), scale, min);
       }
     }
     float* x = dst.data() + r * head_dim_;
