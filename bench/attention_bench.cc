@@ -10,6 +10,11 @@
 // stays near a minute). At the end a table gives, per context and codec, the time per decode
 // step, the cache read rate, its fraction of the bandwidth and the speed-up over bf16 (best of
 // --benchmark_repetitions, default 1).
+//
+// Scores/<shape>/<codec>: the cost of the attention scores selection policies read
+// (AttentionScores) per decode step, as a fraction of the attention time: each iteration runs
+// the same step without and with scores, back to back, and the fastest of each is compared,
+// so that load from other processes cancels out.
 
 #include <algorithm>
 #include <chrono>
@@ -130,6 +135,45 @@ void BM_Decode(benchmark::State& state, int num_kv_heads, int num_heads, int hea
       benchmark::Counter(bytes / Bandwidth()[num_threads], benchmark::Counter::kIsRate);
 }
 
+// One row of the scores-cost table: fastest step without and with scores.
+struct ScoresCost {
+  double off = 0.0, on = 0.0;  // seconds
+};
+std::map<std::pair<std::string, int>, ScoresCost>& ScoresCosts() {
+  static std::map<std::pair<std::string, int>, ScoresCost> costs;
+  return costs;
+}
+
+void BM_ScoresCost(benchmark::State& state, int num_kv_heads, int num_heads, int head_dim,
+                   std::string codec, std::string name) {
+  const int num_tokens = static_cast<int>(state.range(0));
+  const int num_threads = static_cast<int>(state.range(1));
+  const BenchCache cache(num_tokens, num_kv_heads, head_dim, codec);
+  std::vector<float> q(static_cast<size_t>(num_heads) * head_dim, 0.5f);
+  std::vector<float> out(q.size());
+  // H2O's use: keep adding into one buffer.
+  std::vector<float> score_rows(static_cast<size_t>(num_kv_heads) * cache.view.num_tokens);
+  const AttentionScores scores{score_rows.data(), cache.view.num_tokens, 0, ScoreAggregation::kMax};
+  const AttentionParams params{num_heads, 1.0f / std::sqrt(static_cast<float>(head_dim))};
+  ThreadPool* pool = Pool(num_threads);
+  auto time = [&](const AttentionScores* s) {
+    const auto start = std::chrono::steady_clock::now();
+    Attention(cache.view, q.data(), 1, params, out.data(), pool, s);
+    benchmark::DoNotOptimize(out.data());
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  ScoresCost best{1e30, 1e30};
+  for (auto _ : state) {
+    best.off = std::min(best.off, time(nullptr));
+    best.on = std::min(best.on, time(&scores));
+  }
+  state.counters["off_us"] = best.off * 1e6;
+  state.counters["on_us"] = best.on * 1e6;
+  state.counters["cost_fraction"] = best.on / best.off - 1.0;
+  ScoresCost& row = ScoresCosts()[{name, num_tokens}];
+  if (row.off == 0.0 || best.off < row.off) row = best;
+}
+
 void BM_Prefill(benchmark::State& state, int num_kv_heads, int num_heads, int head_dim,
                 std::string codec) {
   const int num_tokens = static_cast<int>(state.range(0));
@@ -176,6 +220,23 @@ void RegisterAll(bool long_contexts) {
     }
     b->UseRealTime()->Unit(benchmark::kMicrosecond);
   }
+  // Scores: the foundation shape (A) and shape B, the float codec and int4.
+  const struct {
+    const char* shape;
+    int num_heads, head_dim, threads;
+  } score_shapes[] = {{"A", 8, 64, 2}, {"B", 32, 128, kThreadsB}};
+  for (const auto& shape : score_shapes) {
+    for (const char* codec : {"f16", "int4"}) {
+      const std::string name = std::string(shape.shape) + "/" + codec;
+      benchmark::RegisterBenchmark(("Scores/" + name).c_str(), BM_ScoresCost, 8, shape.num_heads,
+                                   shape.head_dim, std::string(codec), name)
+          ->Args({4096, shape.threads})
+          ->Args({16384, shape.threads})
+          ->Iterations(30)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
   benchmark::RegisterBenchmark("PrefillA/f16", BM_Prefill, 8, 8, 64, std::string("f16"))
       ->Args({4096, 1})
       ->Args({4096, 2})
@@ -210,6 +271,19 @@ void PrintDecodeTable() {
   }
 }
 
+// The scores-cost table: per shape, codec and context, the fastest decode step without and
+// with scores and the extra time as a fraction.
+void PrintScoresTable() {
+  if (ScoresCosts().empty()) return;
+  std::printf("\nAttention scores per decode step (kMax, added into one buffer), %d threads:\n",
+              kThreadsB);
+  std::printf("%-10s %8s %10s %10s %8s\n", "shape", "tokens", "off us", "on us", "cost");
+  for (const auto& [key, cost] : ScoresCosts()) {
+    std::printf("%-10s %8d %10.1f %10.1f %7.1f%%\n", key.first.c_str(), key.second, cost.off * 1e6,
+                cost.on * 1e6, 100.0 * (cost.on / cost.off - 1.0));
+  }
+}
+
 }  // namespace
 }  // namespace kvstack
 
@@ -228,6 +302,7 @@ int main(int argc, char** argv) {
   kvstack::RegisterAll(long_contexts);
   benchmark::RunSpecifiedBenchmarks();
   kvstack::PrintDecodeTable();
+  kvstack::PrintScoresTable();
   benchmark::Shutdown();
   return 0;
 }

@@ -343,7 +343,8 @@ void DecodeArenaTokens(const KvLayerView& view, const KvArenaView& arena, int kv
   view.ForEachRun(t0, t1, [&](int logical, int count, int32_t block_id, int row) {
     float* out = dst + static_cast<size_t>(logical - t0) * head_dim;
     if (group_tokens == 1) {  // consecutive rows: one Decode call for the run
-      codec.DecodeHead(kv_head, {arena.Unit(block_id, row, kv_head), count * arena.unit_bytes},
+      codec.DecodeHead(view.first_kv_head + kv_head,
+                       {arena.Unit(block_id, row, kv_head), count * arena.unit_bytes},
                        {out, count * head_dim});
       return;
     }
@@ -351,7 +352,7 @@ void DecodeArenaTokens(const KvLayerView& view, const KvArenaView& arena, int kv
       const int slot_row = row + r;
       const int in_unit = slot_row % group_tokens;
       const int num = std::min(count - r, group_tokens - in_unit);
-      codec.DecodeHead(kv_head,
+      codec.DecodeHead(view.first_kv_head + kv_head,
                        {arena.Unit(block_id, slot_row / group_tokens, kv_head), arena.unit_bytes},
                        {unit_buffer, group_tokens * head_dim});
       std::memcpy(out + static_cast<size_t>(r) * head_dim, unit_buffer + in_unit * head_dim,
@@ -1022,13 +1023,16 @@ SideSpec ArenaSide(const KvLayerView& view, const KvArenaView& arena, bool keys,
 }
 
 // One decode task: keys [begin, end) of one source of kv head `kv_head` against the `group`
-// query heads that share it. Leaves the unnormalised partial result in `state`:
-//   q:     [group, head_dim] (already scaled and rotated)
-//   state: [group, head_dim + 2]: acc[head_dim], running max, running sum
+// query heads that share it. Leaves the unnormalised partial result in `state` and, when
+// `logits` is not null, each key's scaled score (logits[j * logit_stride + t], t in
+// [begin, end)) for the attention scores of selection policies:
+//   q:      [group, head_dim] (already scaled and rotated)
+//   state:  [group, head_dim + 2]: acc[head_dim], running max, running sum
+//   logits: [group, logit_stride] or null
 template <class D>
 void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec& v_side,
                  int kv_head, int begin, int end, const float* HWY_RESTRICT q, int group,
-                 float* HWY_RESTRICT state) {
+                 float* HWY_RESTRICT state, float* HWY_RESTRICT logits, size_t logit_stride) {
   const DF df;
   const size_t nf = hn::Lanes(df);
   const size_t nd = hn::Lanes(D());
@@ -1053,6 +1057,11 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
     FillRows(view, k_side, true, kv_head, t0, t1, &keys);
     FillRows(view, v_side, false, kv_head, t0, t1, &values);
     score(keys, values, num_keys, q, group, head_dim, s, s_stride);
+    if (logits != nullptr) {  // once per tile: the no-scores path pays one branch per tile
+      for (int j = 0; j < group; ++j) {
+        std::memcpy(logits + j * logit_stride + t0, s + j * s_stride, num_keys * sizeof(float));
+      }
+    }
     // Softmax of the tile, folded into the running state.
     const size_t padded = (num_keys + nf - 1) / nf * nf;
     for (int j = 0; j < group; ++j) {
@@ -1101,15 +1110,57 @@ void PrepareQueries(const KvLayerView& view, const float* q, size_t num_rows, fl
   }
 }
 
-struct DecodeTask {
-  int kv_head;
-  FillKind source;  // kSinks, kPending or an arena kind
-  int begin, end;
-};
+// Runs fn(i) for i in [0, n) on the pool (or the calling thread).
+template <class Fn>
+void RunTasks(ThreadPool* pool, int64_t n, Fn&& fn) {
+  if (pool == nullptr || n == 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i, 0);
+  } else {
+    pool->Run(n, fn);
+  }
+}
+
+// The decode step's attention scores, from the logits the score pass kept and each query
+// head's final max and softmax sum: p = exp(logit - max) / sum per (head, token), aggregated
+// over the group and added into scores->out. One task per kv head (they write disjoint rows).
+//   logits: [num_heads][logit_stride]; head_max, head_inv_sum: [num_heads]
+void AddDecodeScores(const float* logits, size_t logit_stride, const float* head_max,
+                     const float* head_inv_sum, int num_kv_heads, int group, int num_tokens,
+                     const AttentionScores& scores, ThreadPool* pool) {
+  const DF df;
+  const size_t n = hn::Lanes(df);
+  const bool use_max = scores.aggregation == ScoreAggregation::kMax;
+  const float group_weight = use_max ? 1.0f : 1.0f / static_cast<float>(group);
+  RunTasks(pool, num_kv_heads, [&](int64_t kv_head, int /*thread_idx*/) {
+    float* row = scores.out + kv_head * static_cast<int64_t>(scores.stride);
+    const int first_head = static_cast<int>(kv_head) * group;
+    size_t t = 0;
+    for (; t + n <= static_cast<size_t>(num_tokens); t += n) {
+      auto agg = hn::Zero(df);
+      for (int head = first_head; head < first_head + group; ++head) {
+        const auto logit = hn::LoadU(df, logits + head * logit_stride + t);
+        const auto p = hn::Mul(hn::Exp(df, hn::Sub(logit, hn::Set(df, head_max[head]))),
+                               hn::Set(df, head_inv_sum[head]));
+        agg = use_max ? hn::Max(agg, p) : hn::Add(agg, p);
+      }
+      hn::StoreU(hn::MulAdd(agg, hn::Set(df, group_weight), hn::LoadU(df, row + t)), df, row + t);
+    }
+    for (; t < static_cast<size_t>(num_tokens); ++t) {
+      float agg = 0.0f;
+      for (int j = 0; j < group; ++j) {
+        const int head = first_head + j;
+        const float p =
+            std::exp(logits[head * logit_stride + t] - head_max[head]) * head_inv_sum[head];
+        agg = use_max ? std::max(agg, p) : agg + p;
+      }
+      row[t] += agg * group_weight;
+    }
+  });
+}
 
 template <class D>
 void DecodeImpl(const KvLayerView& view, const float* q, const AttentionParams& params, float* out,
-                ThreadPool* pool) {
+                ThreadPool* pool, const AttentionScores* scores) {
   const int num_threads = pool == nullptr ? 1 : pool->num_threads();
   const int num_kv_heads = view.num_kv_heads;
   const int group = params.num_heads / num_kv_heads;
@@ -1148,10 +1199,19 @@ void DecodeImpl(const KvLayerView& view, const float* q, const AttentionParams& 
 
   const size_t state_stride = head_dim + 2;
   const size_t q_floats = static_cast<size_t>(params.num_heads) * head_dim;
+  // With scores: every head's logits, whole vectors apart, and its final max and 1 / sum.
+  const size_t logit_stride =
+      scores == nullptr ? 0 : (static_cast<size_t>(view.num_tokens) + 15) / 16 * 16;
+  const size_t logit_floats = logit_stride * params.num_heads;
+  const size_t stat_floats = scores == nullptr ? 0 : 2 * static_cast<size_t>(params.num_heads);
   thread_local std::vector<float> call_scratch;
-  call_scratch.resize(q_floats + static_cast<size_t>(num_tasks) * group * state_stride);
+  call_scratch.resize(q_floats + static_cast<size_t>(num_tasks) * group * state_stride +
+                      logit_floats + stat_floats);
   float* q_scaled = call_scratch.data();
   float* states = q_scaled + q_floats;
+  float* logits = scores == nullptr ? nullptr : states + num_tasks * group * state_stride;
+  float* head_max = logits + logit_floats;
+  float* head_inv_sum = head_max + params.num_heads;
   PrepareQueries(view, q, params.num_heads, params.scale, q_scaled);
 
   auto task = [&](int64_t task_idx, int /*thread_idx*/) {
@@ -1165,13 +1225,11 @@ void DecodeImpl(const KvLayerView& view, const float* q, const AttentionParams& 
                                                             : v_arena;
     float* state = states + static_cast<size_t>(task_idx) * group * state_stride;
     DecodeChunk<D>(view, k_side, v_side, kv_head, range.first, range.second,
-                   q_scaled + static_cast<size_t>(kv_head) * group * head_dim, group, state);
+                   q_scaled + static_cast<size_t>(kv_head) * group * head_dim, group, state,
+                   logits == nullptr ? nullptr : logits + kv_head * group * logit_stride,
+                   logit_stride);
   };
-  if (pool == nullptr || num_tasks == 1) {
-    for (int t = 0; t < num_tasks; ++t) task(t, 0);
-  } else {
-    pool->Run(num_tasks, task);
-  }
+  RunTasks(pool, num_tasks, task);
 
   // Merge the partials of each query head: rescale each to the common max.
   for (int kv_head = 0; kv_head < num_kv_heads; ++kv_head) {
@@ -1195,7 +1253,15 @@ void DecodeImpl(const KvLayerView& view, const float* q, const AttentionParams& 
       }
       const float inv = 1.0f / denom;
       for (size_t i = 0; i < head_dim; ++i) o[i] *= inv;
+      if (scores != nullptr) {
+        head_max[kv_head * group + j] = global_max;
+        head_inv_sum[kv_head * group + j] = inv;
+      }
     }
+  }
+  if (scores != nullptr) {
+    AddDecodeScores(logits, logit_stride, head_max, head_inv_sum, num_kv_heads, group,
+                    view.num_tokens, *scores, pool);
   }
 }
 
@@ -1285,8 +1351,12 @@ void LoadTile(const KvLayerView& view, bool keys, int kv_head, int t0, int t1,
             tile + static_cast<size_t>(padded) * head_dim, 0.0f);
 }
 
+// The main prefill pass. With `stats` (for attention scores), also leaves each row's final
+// softmax max and sum for queries [first_scored, num_queries):
+//   stats: [num_queries - first_scored][num_heads][2] (max, sum), or null
 void PrefillImpl(const KvLayerView& view, const float* q, int num_queries,
-                 const AttentionParams& params, float* out, ThreadPool* pool) {
+                 const AttentionParams& params, float* out, ThreadPool* pool, int first_scored,
+                 float* stats) {
   const DF df;
   const size_t n = hn::Lanes(df);
   const int group = params.num_heads / view.num_kv_heads;
@@ -1401,15 +1471,124 @@ void PrefillImpl(const KvLayerView& view, const float* q, int num_queries,
           out + (static_cast<size_t>(q0 + qi) * params.num_heads + kv_head * group + j) * head_dim;
       const float inv = 1.0f / row_sum[r];
       for (size_t i = 0; i < head_dim; ++i) orow[i] = ot[i * row_stride + r] * inv;
+      const int query = q0 + qi;
+      if (stats != nullptr && query >= first_scored) {
+        float* stat = stats + (static_cast<size_t>(query - first_scored) * params.num_heads +
+                               kv_head * group + j) *
+                                  2;
+        stat[0] = row_max[r];
+        stat[1] = row_sum[r];
+      }
     }
   };
+  RunTasks(pool, static_cast<int64_t>(view.num_kv_heads) * num_tiles, task);
+}
 
-  const int64_t num_tasks = static_cast<int64_t>(view.num_kv_heads) * num_tiles;
-  if (pool == nullptr || num_tasks == 1) {
-    for (int64_t t = 0; t < num_tasks; ++t) task(t, 0);
-  } else {
-    pool->Run(num_tasks, task);
-  }
+// The attention scores of prefill queries [scores.first_query, num_queries): a second pass
+// that recomputes their logits tile by tile with the main pass's arithmetic (ScoreStep on the
+// same decoded keys, so the same floats), turns them into probabilities with the main pass's
+// final max and sum (`stats`, as PrefillImpl leaves them), aggregates over the group and adds
+// them up per key. Cost: one more q.k pass (no p.v, no online rescaling) over the scored
+// queries' keys, i.e. about half the main pass's arithmetic when every query is scored (H2O,
+// first_query 0) and W / num_queries of it for a window of W queries (SnapKV, TOVA). A task
+// owns one kv head and one range of keys, so no two tasks add into the same scores.
+void PrefillScores(const KvLayerView& view, const float* q, int num_queries,
+                   const AttentionParams& params, const AttentionScores& scores, const float* stats,
+                   ThreadPool* pool) {
+  const DF df;
+  const size_t n = hn::Lanes(df);
+  const int group = params.num_heads / view.num_kv_heads;
+  const size_t head_dim = static_cast<size_t>(view.head_dim);
+  const int first_query_pos = view.num_tokens - num_queries;
+  const size_t block = 2 * n;  // queries per block: the two row vectors of a ScoreStep
+  const bool use_max = scores.aggregation == ScoreAggregation::kMax;
+  const float group_weight = use_max ? 1.0f : 1.0f / static_cast<float>(group);
+  const int num_key_tiles = (view.num_tokens + kPrefillKeyTile - 1) / kPrefillKeyTile;
+  const int num_threads = pool == nullptr ? 1 : pool->num_threads();
+  const int wanted_chunks =
+      (kDecodeTasksPerThread * num_threads + view.num_kv_heads - 1) / view.num_kv_heads;
+  const int tiles_per_chunk = (num_key_tiles + std::min(wanted_chunks, num_key_tiles) - 1) /
+                              std::min(wanted_chunks, num_key_tiles);
+  const int chunk_len = tiles_per_chunk * kPrefillKeyTile;
+  const int num_chunks = (num_key_tiles + tiles_per_chunk - 1) / tiles_per_chunk;
+
+  auto task = [&](int64_t task_idx, int /*thread_idx*/) {
+    const int kv_head = static_cast<int>(task_idx / num_chunks);
+    const int k0 = static_cast<int>(task_idx % num_chunks) * chunk_len;
+    const int k1 = std::min(view.num_tokens, k0 + chunk_len);
+    float* qt = Scratch(kSlotScores, group * (head_dim + 2) * block + block +
+                                         kPrefillKeyTile * (2 * block + head_dim) + chunk_len);
+    float* row_max = qt + group * head_dim * block;  // [group][block]
+    float* inv_sum = row_max + group * block;        // [group][block]
+    float* limit = inv_sum + group * block;          // [block] last allowed key
+    float* st = limit + block;                       // [kPrefillKeyTile][block]
+    float* agg = st + kPrefillKeyTile * block;       // [kPrefillKeyTile][block]
+    float* kf = agg + kPrefillKeyTile * block;       // [kPrefillKeyTile][head_dim]
+    float* acc = kf + kPrefillKeyTile * head_dim;    // [chunk_len]
+    float* qrow = Scratch(kSlotQuery, head_dim);
+    std::fill(acc, acc + chunk_len, 0.0f);
+
+    for (int b0 = scores.first_query; b0 < num_queries; b0 += static_cast<int>(block)) {
+      const int b1 = std::min(num_queries, b0 + static_cast<int>(block));
+      const int keys_end = std::min(k1, first_query_pos + b1);  // the block's last query sees
+      if (keys_end <= k0) continue;
+      // Rows past b1 are padding: zero queries, weight 0 and every key masked.
+      for (size_t r = 0; r < block; ++r) {
+        const int query = b0 + static_cast<int>(r);
+        const bool real = query < b1;
+        limit[r] = real ? static_cast<float>(first_query_pos + query) : -1.0f;
+        for (int j = 0; j < group; ++j) {
+          const int head = kv_head * group + j;
+          const float* stat =
+              stats +
+              (static_cast<size_t>(query - scores.first_query) * params.num_heads + head) * 2;
+          if (real) {
+            PrepareQueries(view,
+                           q + (static_cast<size_t>(query) * params.num_heads + head) * head_dim, 1,
+                           params.scale, qrow);
+          }
+          for (size_t i = 0; i < head_dim; ++i) {
+            qt[(j * head_dim + i) * block + r] = real ? qrow[i] : 0.0f;
+          }
+          row_max[j * block + r] = real ? stat[0] : 0.0f;
+          inv_sum[j * block + r] = real ? 1.0f / stat[1] : 0.0f;
+        }
+      }
+      for (int t0 = k0; t0 < keys_end; t0 += kPrefillKeyTile) {
+        const int t1 = std::min(keys_end, t0 + kPrefillKeyTile);
+        const size_t num_keys = static_cast<size_t>(t1 - t0);
+        LoadTile(view, true, kv_head, t0, t1, kf);
+        for (int j = 0; j < group; ++j) {
+          for (size_t step = 0; step * kKeysPerStep < num_keys; ++step) {
+            ScoreStep(qt + j * head_dim * block, kf + step * kKeysPerStep * head_dim, head_dim,
+                      block, st + step * kKeysPerStep * block);
+          }
+          for (size_t k = 0; k < num_keys; ++k) {
+            const auto pos = hn::Set(df, static_cast<float>(t0 + static_cast<int>(k)));
+            for (size_t h = 0; h < block; h += n) {
+              const auto logit = hn::LoadU(df, st + k * block + h);
+              const auto p =
+                  hn::Mul(hn::Exp(df, hn::Sub(logit, hn::LoadU(df, row_max + j * block + h))),
+                          hn::LoadU(df, inv_sum + j * block + h));
+              const auto masked = hn::IfThenZeroElse(hn::Gt(pos, hn::LoadU(df, limit + h)), p);
+              float* a = agg + k * block + h;
+              const auto prev = j == 0 ? hn::Zero(df) : hn::LoadU(df, a);
+              hn::StoreU(use_max ? hn::Max(prev, masked) : hn::Add(prev, masked), df, a);
+            }
+          }
+        }
+        for (size_t k = 0; k < num_keys; ++k) {
+          const auto both =
+              hn::Add(hn::LoadU(df, agg + k * block), hn::LoadU(df, agg + k * block + n));
+          acc[t0 - k0 + static_cast<int>(k)] +=
+              hn::GetLane(hn::SumOfLanes(df, both)) * group_weight;
+        }
+      }
+    }
+    float* row = scores.out + static_cast<size_t>(kv_head) * scores.stride;
+    for (int t = k0; t < k1; ++t) row[t] += acc[t - k0];
+  };
+  RunTasks(pool, static_cast<int64_t>(view.num_kv_heads) * num_chunks, task);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1418,13 +1597,22 @@ void PrefillImpl(const KvLayerView& view, const float* q, int num_queries,
 }  // namespace
 
 void AttentionKernel(const KvLayerView& view, const float* q, int num_queries,
-                     const AttentionParams& params, float* out, ThreadPool* pool) {
-  if (num_queries > 1) return PrefillImpl(view, q, num_queries, params, out, pool);
+                     const AttentionParams& params, float* out, ThreadPool* pool,
+                     const AttentionScores* scores) {
+  if (num_queries > 1) {
+    if (scores == nullptr) return PrefillImpl(view, q, num_queries, params, out, pool, 0, nullptr);
+    thread_local std::vector<float> stats;  // [scored queries][num_heads][2]
+    stats.resize(static_cast<size_t>(num_queries - scores->first_query) * params.num_heads * 2);
+    PrefillImpl(view, q, num_queries, params, out, pool, scores->first_query, stats.data());
+    return PrefillScores(view, q, num_queries, params, *scores, stats.data(), pool);
+  }
   const size_t head_dim = static_cast<size_t>(view.head_dim);
   const DF df;
-  if (head_dim % hn::Lanes(df) == 0) return DecodeImpl<DF>(view, q, params, out, pool);
-  if (head_dim % 4 == 0) return DecodeImpl<hn::CappedTag<float, 4>>(view, q, params, out, pool);
-  DecodeImpl<hn::CappedTag<float, 1>>(view, q, params, out, pool);
+  if (head_dim % hn::Lanes(df) == 0) return DecodeImpl<DF>(view, q, params, out, pool, scores);
+  if (head_dim % 4 == 0) {
+    return DecodeImpl<hn::CappedTag<float, 4>>(view, q, params, out, pool, scores);
+  }
+  DecodeImpl<hn::CappedTag<float, 1>>(view, q, params, out, pool, scores);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -1437,13 +1625,18 @@ namespace kvstack {
 HWY_EXPORT(AttentionKernel);
 
 void Attention(const KvLayerView& view, const float* q, int num_queries,
-               const AttentionParams& params, float* out, ThreadPool* pool) {
+               const AttentionParams& params, float* out, ThreadPool* pool,
+               const AttentionScores* scores) {
   KVS_CHECK(view.num_kv_heads > 0 && view.head_dim > 0);
   KVS_CHECK(params.num_heads > 0 && params.num_heads % view.num_kv_heads == 0);
   KVS_CHECK(0 <= num_queries && num_queries <= view.num_tokens);
   KVS_CHECK(!view.keys_rotated || IsPowerOfTwo(view.head_dim));
   if (num_queries == 0) return;
-  HWY_DYNAMIC_DISPATCH(AttentionKernel)(view, q, num_queries, params, out, pool);
+  if (scores != nullptr) {
+    KVS_CHECK(scores->out != nullptr && scores->stride >= view.num_tokens);
+    KVS_CHECK(0 <= scores->first_query && scores->first_query < num_queries);
+  }
+  HWY_DYNAMIC_DISPATCH(AttentionKernel)(view, q, num_queries, params, out, pool, scores);
 }
 
 }  // namespace kvstack

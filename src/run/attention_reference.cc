@@ -2,7 +2,9 @@
 // decodes every unit with the codec's own Decode (DecodeHead) (so any codec, present or future, is
 // checked against exactly the bytes it wrote), reads the F32 sink and pending segments as they are,
 // rotates the queries when the keys are stored rotated, and runs a two-pass softmax in double
-// precision, so it differs from the kernels only in rounding and summation order.
+// precision, so it differs from the kernels only in rounding and summation order. Attention
+// scores (AttentionScores) come from the same probabilities, aggregated over each group in
+// double and added to the caller's floats.
 
 #include <algorithm>
 #include <cmath>
@@ -32,7 +34,8 @@ void DecodeArena(const KvLayerView& view, const KvArenaView& arena, int begin, i
       const int slot_row = row + r;
       for (int h = 0; h < view.num_kv_heads; ++h) {
         arena.codec_impl->DecodeHead(
-            h, {arena.Unit(block_id, slot_row / group_tokens, h), arena.unit_bytes}, unit);
+            view.first_kv_head + h,
+            {arena.Unit(block_id, slot_row / group_tokens, h), arena.unit_bytes}, unit);
         const float* src = unit.data() + static_cast<size_t>(slot_row % group_tokens) * head_dim;
         double* out = dst + (logical + r) * row_elems + static_cast<size_t>(h) * head_dim;
         std::copy(src, src + head_dim, out);
@@ -57,7 +60,7 @@ void CopySegment(const KvLayerView& view, const KvF32Segment& seg, bool keys, in
 }  // namespace
 
 void AttentionReference(const KvLayerView& view, const float* q, int num_queries,
-                        const AttentionParams& params, float* out) {
+                        const AttentionParams& params, float* out, const AttentionScores* scores) {
   KVS_CHECK(view.num_kv_heads > 0 && view.head_dim > 0);
   KVS_CHECK(params.num_heads > 0 && params.num_heads % view.num_kv_heads == 0);
   KVS_CHECK(0 <= num_queries && num_queries <= view.num_tokens);
@@ -67,6 +70,10 @@ void AttentionReference(const KvLayerView& view, const float* q, int num_queries
   const int num_tokens = view.num_tokens;
   const int arena_begin = view.arena_begin(), arena_end = view.arena_end();
   KVS_CHECK(0 <= arena_begin && arena_begin <= arena_end && arena_end <= num_tokens);
+  if (scores != nullptr) {
+    KVS_CHECK(scores->out != nullptr && scores->stride >= num_tokens);
+    KVS_CHECK(0 <= scores->first_query && scores->first_query < num_queries);
+  }
 
   // Decode the whole view once: [num_tokens][num_kv_heads][head_dim]. Fine for a reference.
   const size_t row_elems = static_cast<size_t>(view.num_kv_heads) * head_dim;
@@ -78,10 +85,12 @@ void AttentionReference(const KvLayerView& view, const float* q, int num_queries
   CopySegment(view, view.pending, true, arena_end, num_tokens, keys.data());
   CopySegment(view, view.pending, false, arena_end, num_tokens, values.data());
 
-  std::vector<double> scores(num_tokens), acc(head_dim);
+  // group_score: one query's aggregate over the heads of one group, per key.
+  std::vector<double> logits(num_tokens), acc(head_dim), group_score(num_tokens);
   std::vector<float> query(head_dim);
   for (int qi = 0; qi < num_queries; ++qi) {
     const int last_key = num_tokens - num_queries + qi;  // causal: keys [0, last_key]
+    const bool scored = scores != nullptr && qi >= scores->first_query;
     for (int head = 0; head < params.num_heads; ++head) {
       const int kv_head = head / group;
       const float* qrow = q + (static_cast<size_t>(qi) * params.num_heads + head) * head_dim;
@@ -92,19 +101,31 @@ void AttentionReference(const KvLayerView& view, const float* q, int num_queries
         const double* k = &keys[t * row_elems + static_cast<size_t>(kv_head) * head_dim];
         double dot = 0.0;
         for (int i = 0; i < head_dim; ++i) dot += static_cast<double>(query[i]) * k[i];
-        scores[t] = dot * params.scale;
-        max_score = std::max(max_score, scores[t]);
+        logits[t] = dot * params.scale;
+        max_score = std::max(max_score, logits[t]);
       }
       double sum = 0.0;
       std::fill(acc.begin(), acc.end(), 0.0);
       for (int t = 0; t <= last_key; ++t) {
-        const double p = std::exp(scores[t] - max_score);
+        const double p = std::exp(logits[t] - max_score);
         sum += p;
         const double* v = &values[t * row_elems + static_cast<size_t>(kv_head) * head_dim];
         for (int i = 0; i < head_dim; ++i) acc[i] += p * v[i];
       }
       float* orow = out + (static_cast<size_t>(qi) * params.num_heads + head) * head_dim;
       for (int i = 0; i < head_dim; ++i) orow[i] = static_cast<float>(acc[i] / sum);
+      if (!scored) continue;
+      const int j = head % group;
+      if (j == 0) std::fill(group_score.begin(), group_score.end(), 0.0);
+      for (int t = 0; t <= last_key; ++t) {
+        const double p = std::exp(logits[t] - max_score) / sum;
+        group_score[t] = scores->aggregation == ScoreAggregation::kMax ? std::max(group_score[t], p)
+                                                                       : group_score[t] + p / group;
+      }
+      if (j == group - 1) {
+        float* row = scores->out + static_cast<size_t>(kv_head) * scores->stride;
+        for (int t = 0; t <= last_key; ++t) row[t] += static_cast<float>(group_score[t]);
+      }
     }
   }
 }
