@@ -20,6 +20,8 @@
 //                           scale per block of min(32, head_dim) elements of a token's row
 //   kivi4[-g<G>], kivi2[-g<G>]  KIVI: as keys, per channel over groups of G tokens (default
 //                           32); as values, per token in groups of min(G, head_dim) elements
+//   lowrank-r<R>, lowrank-e<P>, latent-r<R> (each [-int4])  coordinates in a calibrated basis;
+//                           built from a profile (src/represent/lowrank_codec.h), not here
 #pragma once
 
 #include <cstddef>
@@ -29,6 +31,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvstack/check.h"
 #include "kvstack/status.h"
 
 namespace kvstack {
@@ -47,6 +50,7 @@ enum class CodecId : uint16_t {
   kKivi4 = 9,
   kKivi2 = 10,
   kLowRank = 11,  // rank-r coordinates in a calibrated per-(layer, kv head) PCA basis
+  kLatent = 12,   // rank-r coordinates of the joint [k; v] (one unit serves key and value)
 };
 
 // Whether a codec stores keys or values (KIVI quantises them along different axes).
@@ -87,6 +91,18 @@ class Codec {
   }
   virtual void DecodeHead(int kv_head, std::span<const std::byte> src, std::span<float> dst) const {
     Decode(src, dst);
+  }
+
+  // Joint codecs (latent) encode a token's key and value together into one unit: the key
+  // arena's. The layer's value codec then owns no bytes: the cache gives it no arena and its
+  // view reads the key arena, decoding values from the same units. A joint codec encodes only
+  // through EncodeJointHead (Encode/EncodeHead of one side alone are invariant violations).
+  // Default: not joint.
+  virtual bool joint() const { return false; }
+  // k, v: [num_units * group_tokens(), head_dim] each; dst: [num_units, unit_bytes()].
+  virtual void EncodeJointHead(int kv_head, std::span<const float> k, std::span<const float> v,
+                               std::span<std::byte> dst) const {
+    KVS_CHECK(false && "EncodeJointHead: not a joint codec");
   }
 };
 

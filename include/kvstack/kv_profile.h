@@ -1,14 +1,20 @@
 // KvProfile: per-layer, per-kv-head principal-component statistics of a model's keys and
 // values measured on real text (`kvstack calibrate`). It says how much of each head's key and
-// value energy a rank-r basis keeps, and carries the bases that low-rank codecs project onto.
+// value energy a rank-r basis keeps, and carries the bases that low-rank codecs project onto:
+// one for keys and one for values (low-rank codecs), and one joint basis for the concatenated
+// [k; v] (latent codecs, which store one set of coordinates from which both are decoded).
 // A profile belongs to exactly one model: it is keyed by the model file's content hash and
 // shape, and loading it for another model is an error.
 //
-// File format (little-endian), version 1:
+// File format (little-endian), version 2:
 //   "KVSPROF\0" magic, u32 version, u64 model content hash, u32 num_layers, num_kv_heads,
-//   head_dim, u64 tokens seen, then for each layer, kv head and kind (K then V):
-//   f64 mean[head_dim], f64 eigenvalues[head_dim] (descending),
-//   f64 basis[head_dim][head_dim] (row j = the j-th principal direction, unit length).
+//   head_dim, u64 tokens seen, then for each layer and kv head:
+//     keys, then values: f64 mean[head_dim], f64 eigenvalues[head_dim] (descending),
+//                        f64 basis[head_dim][head_dim] (row j = the j-th principal direction);
+//     joint [k; v]:      f64 key_weight, f64 value_weight, then mean, eigenvalues and basis as
+//                        above over 2 * head_dim dims of the weighted vector
+//                        [key_weight * k; value_weight * v].
+// Version 1 (no joint section) is refused: calibrate again.
 #pragma once
 
 #include <cstdint>
@@ -22,11 +28,11 @@ namespace kvstack {
 
 enum class KvKind : uint8_t { kKey = 0, kValue = 1 };
 
-// The principal components of one (layer, kv head, kind).
+// The principal components of one (layer, kv head, kind), or of the joint [k; v].
 struct HeadComponents {
-  std::vector<double> mean;         // [head_dim]
-  std::vector<double> eigenvalues;  // [head_dim], descending, >= 0
-  std::vector<double> basis;        // [head_dim][head_dim], row-major, rows orthonormal
+  std::vector<double> mean;         // [dims]
+  std::vector<double> eigenvalues;  // [dims], descending, >= 0
+  std::vector<double> basis;        // [dims][dims], row-major, rows orthonormal
 
   // Fraction of the total variance the first `rank` components keep (1 for an all-zero head).
   double EnergyRetained(int rank) const;
@@ -34,9 +40,20 @@ struct HeadComponents {
   int RankForEnergy(double fraction) const;
 };
 
+// The joint components of one (layer, kv head): PCA of [key_weight * k; value_weight * v].
+// The weights give keys and values the same mean variance per dimension, so that the basis
+// serves both instead of the half with the larger magnitude (a model's values are often an
+// order of magnitude smaller than its keys). A vector x = [k; v] is coded as
+//   c_j = basis_j . (W x - mean), x ~= W^-1 (mean + sum_j c_j basis_j),  W = diag(weights).
+struct JointComponents {
+  double key_weight = 1.0;
+  double value_weight = 1.0;
+  HeadComponents components;  // over 2 * head_dim dims: keys first, then values
+};
+
 class KvProfile {
  public:
-  static constexpr uint32_t kVersion = 1;
+  static constexpr uint32_t kVersion = 2;
 
   // An empty profile for a model of this shape and hash.
   KvProfile(uint64_t model_hash, int num_layers, int num_kv_heads, int head_dim);
@@ -47,35 +64,41 @@ class KvProfile {
   int head_dim() const { return head_dim_; }
   uint64_t tokens_seen() const { return tokens_seen_; }
 
-  // Accumulates rows of one (layer, kind): rows [num_tokens, num_kv_heads, head_dim].
-  void Accumulate(int layer_idx, KvKind kind, std::span<const float> rows);
+  // Accumulates the keys and values of the same tokens in one layer:
+  //   keys, values: [num_tokens, num_kv_heads, head_dim]
+  // A (token, kv head) whose key or value holds a non-finite element is skipped.
+  void Accumulate(int layer_idx, std::span<const float> keys, std::span<const float> values);
   // Counts tokens for the report (call once per token position, not per layer).
   void AddTokens(uint64_t num_tokens) { tokens_seen_ += num_tokens; }
-  // Turns the accumulated moments into components (eigen-decomposition of each covariance).
-  // FailedPrecondition when nothing was accumulated.
+  // Turns the accumulated moments into components (eigen-decompositions of the key, value
+  // and weighted joint covariances). FailedPrecondition when nothing was accumulated.
   absl::Status Finalize();
 
   const HeadComponents& components(int layer_idx, int kv_head, KvKind kind) const;
+  const JointComponents& joint_components(int layer_idx, int kv_head) const;
 
   absl::Status Save(const std::string& path) const;
   // Loads a profile and checks that it belongs to the model with this hash and shape; a
-  // profile of another model is refused with an error naming both hashes.
+  // profile of another model, or of another format version, is refused with an error naming
+  // both hashes (versions).
   static absl::StatusOr<KvProfile> Load(const std::string& path, uint64_t model_hash,
                                         int num_layers, int num_kv_heads, int head_dim);
 
  private:
-  size_t Index(int layer_idx, int kv_head, KvKind kind) const;
+  size_t HeadIndex(int layer_idx, int kv_head) const;
 
   uint64_t model_hash_;
   int num_layers_;
   int num_kv_heads_;
   int head_dim_;
   uint64_t tokens_seen_ = 0;
-  // Running first and second moments per (layer, head, kind), in double.
+  // Running first and second moments of [k; v] per (layer, head), in double: the key and
+  // value covariances are its diagonal blocks.
   std::vector<uint64_t> counts_;
-  std::vector<std::vector<double>> sums_;      // [head_dim]
-  std::vector<std::vector<double>> products_;  // [head_dim][head_dim]
-  std::vector<HeadComponents> components_;
+  std::vector<std::vector<double>> sums_;      // [2 * head_dim]
+  std::vector<std::vector<double>> products_;  // [2 * head_dim][2 * head_dim], upper triangle
+  std::vector<HeadComponents> components_;     // [layer][head][kind]
+  std::vector<JointComponents> joint_;         // [layer][head]
 };
 
 // Eigen-decomposition of a symmetric matrix (cyclic Jacobi; exact to ~1e-12 for the head

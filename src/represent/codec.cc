@@ -103,7 +103,8 @@ absl::StatusOr<std::unique_ptr<Codec>> CreateCodec(std::string_view name, int he
     case CodecId::kKivi4:
     case CodecId::kKivi2:
       return MakeAffineCodec(format);
-    case CodecId::kLowRank:  // needs a profile: LowRankCodec::Create (lowrank_codec.h)
+    case CodecId::kLowRank:  // need a profile: CreateProfiledCodec (lowrank_codec.h)
+    case CodecId::kLatent:
       break;
   }
   KVS_CHECK(false && "CreateCodec: a CodecId without a factory");

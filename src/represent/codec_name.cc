@@ -70,7 +70,7 @@ absl::StatusOr<CodecName> ParseCodecName(std::string_view name) {
   if (entry == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown codec '", std::string(name), "'; allowed: ", absl::StrJoin(CodecBaseNames(), ", "),
-        ", lowrank-r<rank>[-int4], lowrank-e<percent>[-int4]"));
+        ", lowrank-r<rank>[-int4], lowrank-e<percent>[-int4], latent-r<rank>[-int4]"));
   }
   CodecName parsed{.id = entry->id, .base = std::string(base), .bits = entry->bits};
   if (entry->group == GroupKind::kNone) {
@@ -189,8 +189,9 @@ absl::StatusOr<CodecFormat> ResolveCodecFormat(std::string_view name, int head_d
       }
       break;
     }
-    case CodecId::kLowRank:  // never parsed here: it needs a profile (lowrank_codec.h)
-      KVS_CHECK(false && "ResolveCodecFormat: lowrank is not in the name table");
+    case CodecId::kLowRank:  // never parsed here: they need a profile (lowrank_codec.h)
+    case CodecId::kLatent:
+      KVS_CHECK(false && "ResolveCodecFormat: lowrank and latent are not in the name table");
       break;
     case CodecId::kKivi4:
     case CodecId::kKivi2: {

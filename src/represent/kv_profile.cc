@@ -1,7 +1,9 @@
-// Calibration statistics of keys and values: running moments per (layer, kv head, kind),
-// turned into principal components with a Jacobi eigen-solver (head_dim is at most a few
-// hundred, where Jacobi is simple, exact and fast enough), and a versioned file keyed to the
-// model so a profile can never be applied to the wrong weights.
+// Calibration statistics of keys and values: running moments of the concatenated [k; v] per
+// (layer, kv head) — one accumulation gives the key and value covariances (its diagonal
+// blocks) and the joint one the latent codecs need — turned into principal components with a
+// Jacobi eigen-solver (head_dim is at most a few hundred, where Jacobi is simple, exact and
+// fast enough), and a versioned file keyed to the model so a profile can never be applied to
+// the wrong weights.
 #include "kvstack/kv_profile.h"
 
 #include <algorithm>
@@ -101,73 +103,135 @@ KvProfile::KvProfile(uint64_t model_hash, int num_layers, int num_kv_heads, int 
       num_kv_heads_(num_kv_heads),
       head_dim_(head_dim) {
   KVS_CHECK(num_layers > 0 && num_kv_heads > 0 && head_dim > 0 && head_dim <= kMaxHeadDim);
-  const size_t n = static_cast<size_t>(num_layers) * num_kv_heads * 2;
-  counts_.assign(n, 0);
-  sums_.assign(n, std::vector<double>(head_dim, 0.0));
-  products_.assign(n, std::vector<double>(static_cast<size_t>(head_dim) * head_dim, 0.0));
-  components_.resize(n);
+  const size_t num_heads = static_cast<size_t>(num_layers) * num_kv_heads;
+  const size_t dims = 2 * static_cast<size_t>(head_dim);
+  counts_.assign(num_heads, 0);
+  sums_.assign(num_heads, std::vector<double>(dims, 0.0));
+  products_.assign(num_heads, std::vector<double>(dims * dims, 0.0));
+  components_.resize(num_heads * 2);
+  joint_.resize(num_heads);
 }
 
-size_t KvProfile::Index(int layer_idx, int kv_head, KvKind kind) const {
+size_t KvProfile::HeadIndex(int layer_idx, int kv_head) const {
   KVS_CHECK(layer_idx >= 0 && layer_idx < num_layers_ && kv_head >= 0 && kv_head < num_kv_heads_);
-  return (static_cast<size_t>(layer_idx) * num_kv_heads_ + kv_head) * 2 + static_cast<size_t>(kind);
+  return static_cast<size_t>(layer_idx) * num_kv_heads_ + kv_head;
 }
 
-void KvProfile::Accumulate(int layer_idx, KvKind kind, std::span<const float> rows) {
+void KvProfile::Accumulate(int layer_idx, std::span<const float> keys,
+                           std::span<const float> values) {
   const size_t row_width = static_cast<size_t>(num_kv_heads_) * head_dim_;
-  KVS_CHECK(rows.size() % row_width == 0);
-  const size_t num_tokens = rows.size() / row_width;
+  KVS_CHECK(keys.size() == values.size() && keys.size() % row_width == 0);
+  const size_t num_tokens = keys.size() / row_width;
+  const int dims = 2 * head_dim_;
+  std::vector<double> x(dims);
+  auto finite = [](const float* p, int n) {
+    return std::all_of(p, p + n, [](float f) { return std::isfinite(f); });
+  };
   for (int h = 0; h < num_kv_heads_; ++h) {
-    const size_t idx = Index(layer_idx, h, kind);
+    const size_t idx = HeadIndex(layer_idx, h);
     std::vector<double>& sum = sums_[idx];
     std::vector<double>& prod = products_[idx];
     for (size_t t = 0; t < num_tokens; ++t) {
-      const float* x = rows.data() + t * row_width + static_cast<size_t>(h) * head_dim_;
-      if (!std::all_of(x, x + head_dim_, [](float f) { return std::isfinite(f); })) continue;
+      const size_t offset = t * row_width + static_cast<size_t>(h) * head_dim_;
+      const float* k = keys.data() + offset;
+      const float* v = values.data() + offset;
+      if (!finite(k, head_dim_) || !finite(v, head_dim_)) continue;
       ++counts_[idx];
-      for (int i = 0; i < head_dim_; ++i) {
+      std::copy(k, k + head_dim_, x.begin());
+      std::copy(v, v + head_dim_, x.begin() + head_dim_);
+      for (int i = 0; i < dims; ++i) {
         sum[i] += x[i];
-        double* row = prod.data() + static_cast<size_t>(i) * head_dim_;
-        for (int j = i; j < head_dim_; ++j) row[j] += static_cast<double>(x[i]) * x[j];
+        double* row = prod.data() + static_cast<size_t>(i) * dims;
+        for (int j = i; j < dims; ++j) row[j] += x[i] * x[j];
       }
     }
   }
 }
 
+namespace {
+
+// PCA of the covariance block [offset, offset + n) x [offset, offset + n) of a [dims][dims]
+// covariance, each coordinate i scaled by weights[i].
+HeadComponents Components(const std::vector<double>& mean, const std::vector<double>& cov, int dims,
+                          int offset, int n, const std::vector<double>& weights) {
+  HeadComponents out;
+  out.mean.resize(n);
+  std::vector<double> block(static_cast<size_t>(n) * n);
+  for (int i = 0; i < n; ++i) {
+    out.mean[i] = weights[offset + i] * mean[offset + i];
+    for (int j = 0; j < n; ++j) {
+      block[static_cast<size_t>(i) * n + j] =
+          weights[offset + i] * weights[offset + j] *
+          cov[static_cast<size_t>(offset + i) * dims + offset + j];
+    }
+  }
+  SymmetricEigen(std::move(block), n, &out.eigenvalues, &out.basis);
+  // A covariance is positive semi-definite; rounding may leave tiny negative values.
+  for (double& value : out.eigenvalues) value = std::max(0.0, value);
+  return out;
+}
+
+// The weight that gives a block of covariance mean variance 1 per dimension (1 for a block
+// without variance, which then needs no balancing).
+double BalancingWeight(const std::vector<double>& cov, int dims, int offset, int n) {
+  double trace = 0;
+  for (int i = offset; i < offset + n; ++i) trace += cov[static_cast<size_t>(i) * dims + i];
+  return trace > 0 ? std::sqrt(n / trace) : 1.0;
+}
+
+}  // namespace
+
 absl::Status KvProfile::Finalize() {
   const int n = head_dim_;
-  for (size_t idx = 0; idx < components_.size(); ++idx) {
+  const int dims = 2 * n;
+  for (size_t idx = 0; idx < counts_.size(); ++idx) {
     if (counts_[idx] == 0) {
       return absl::FailedPreconditionError("calibrate: no key/value rows were accumulated");
     }
     const double count = static_cast<double>(counts_[idx]);
-    HeadComponents& out = components_[idx];
-    out.mean.resize(n);
-    for (int i = 0; i < n; ++i) out.mean[i] = sums_[idx][i] / count;
-    std::vector<double> cov(static_cast<size_t>(n) * n);
-    for (int i = 0; i < n; ++i) {
-      for (int j = i; j < n; ++j) {
+    std::vector<double> mean(dims);
+    for (int i = 0; i < dims; ++i) mean[i] = sums_[idx][i] / count;
+    std::vector<double> cov(static_cast<size_t>(dims) * dims);
+    for (int i = 0; i < dims; ++i) {
+      for (int j = i; j < dims; ++j) {
         const double c =
-            products_[idx][static_cast<size_t>(i) * n + j] / count - out.mean[i] * out.mean[j];
-        cov[static_cast<size_t>(i) * n + j] = c;
-        cov[static_cast<size_t>(j) * n + i] = c;
+            products_[idx][static_cast<size_t>(i) * dims + j] / count - mean[i] * mean[j];
+        cov[static_cast<size_t>(i) * dims + j] = c;
+        cov[static_cast<size_t>(j) * dims + i] = c;
       }
     }
-    SymmetricEigen(std::move(cov), n, &out.eigenvalues, &out.basis);
-    // A covariance is positive semi-definite; rounding may leave tiny negative values.
-    for (double& value : out.eigenvalues) value = std::max(0.0, value);
+    const std::vector<double> ones(dims, 1.0);
+    components_[idx * 2 + static_cast<size_t>(KvKind::kKey)] =
+        Components(mean, cov, dims, 0, n, ones);
+    components_[idx * 2 + static_cast<size_t>(KvKind::kValue)] =
+        Components(mean, cov, dims, n, n, ones);
+    JointComponents& joint = joint_[idx];
+    joint.key_weight = BalancingWeight(cov, dims, 0, n);
+    joint.value_weight = BalancingWeight(cov, dims, n, n);
+    std::vector<double> weights(dims, joint.key_weight);
+    std::fill(weights.begin() + n, weights.end(), joint.value_weight);
+    joint.components = Components(mean, cov, dims, 0, dims, weights);
   }
   return absl::OkStatus();
 }
 
 const HeadComponents& KvProfile::components(int layer_idx, int kv_head, KvKind kind) const {
-  return components_[Index(layer_idx, kv_head, kind)];
+  return components_[HeadIndex(layer_idx, kv_head) * 2 + static_cast<size_t>(kind)];
+}
+
+const JointComponents& KvProfile::joint_components(int layer_idx, int kv_head) const {
+  return joint_[HeadIndex(layer_idx, kv_head)];
 }
 
 absl::Status KvProfile::Save(const std::string& path) const {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) return absl::PermissionDeniedError(absl::StrFormat("cannot write '%s'", path));
   auto put = [&](const void* p, size_t n) { out.write(static_cast<const char*>(p), n); };
+  auto put_components = [&](const HeadComponents& c) {
+    put(c.mean.data(), c.mean.size() * 8);
+    put(c.eigenvalues.data(), c.eigenvalues.size() * 8);
+    put(c.basis.data(), c.basis.size() * 8);
+  };
   const uint32_t shape[4] = {kVersion, static_cast<uint32_t>(num_layers_),
                              static_cast<uint32_t>(num_kv_heads_),
                              static_cast<uint32_t>(head_dim_)};
@@ -176,10 +240,12 @@ absl::Status KvProfile::Save(const std::string& path) const {
   put(&model_hash_, 8);
   put(&shape[1], 12);
   put(&tokens_seen_, 8);
-  for (const HeadComponents& c : components_) {
-    put(c.mean.data(), c.mean.size() * 8);
-    put(c.eigenvalues.data(), c.eigenvalues.size() * 8);
-    put(c.basis.data(), c.basis.size() * 8);
+  for (size_t idx = 0; idx < joint_.size(); ++idx) {
+    put_components(components_[idx * 2]);
+    put_components(components_[idx * 2 + 1]);
+    put(&joint_[idx].key_weight, 8);
+    put(&joint_[idx].value_weight, 8);
+    put_components(joint_[idx].components);
   }
   out.close();
   if (!out) return absl::DataLossError(absl::StrFormat("writing '%s' failed", path));
@@ -193,6 +259,13 @@ absl::StatusOr<KvProfile> KvProfile::Load(const std::string& path, uint64_t mode
   auto get = [&](void* p, size_t n) {
     return static_cast<bool>(in.read(static_cast<char*>(p), n));
   };
+  auto get_components = [&](size_t n, HeadComponents* c) {
+    c->mean.resize(n);
+    c->eigenvalues.resize(n);
+    c->basis.resize(n * n);
+    return get(c->mean.data(), n * 8) && get(c->eigenvalues.data(), n * 8) &&
+           get(c->basis.data(), n * n * 8);
+  };
   char magic[8];
   uint32_t version = 0;
   uint64_t hash = 0;
@@ -204,7 +277,8 @@ absl::StatusOr<KvProfile> KvProfile::Load(const std::string& path, uint64_t mode
   }
   if (!get(&version, 4) || version != kVersion) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "profile '%s' has version %u; this kvstack reads version %u", path, version, kVersion));
+        "profile '%s' has version %u; this kvstack reads version %u (run kvstack calibrate again)",
+        path, version, kVersion));
   }
   if (!get(&hash, 8) || !get(shape, 12) || !get(&tokens, 8)) {
     return absl::InvalidArgumentError(absl::StrFormat("profile '%s' is truncated", path));
@@ -224,12 +298,11 @@ absl::StatusOr<KvProfile> KvProfile::Load(const std::string& path, uint64_t mode
   KvProfile profile(hash, num_layers, num_kv_heads, head_dim);
   profile.tokens_seen_ = tokens;
   const size_t n = head_dim;
-  for (HeadComponents& c : profile.components_) {
-    c.mean.resize(n);
-    c.eigenvalues.resize(n);
-    c.basis.resize(n * n);
-    if (!get(c.mean.data(), n * 8) || !get(c.eigenvalues.data(), n * 8) ||
-        !get(c.basis.data(), n * n * 8)) {
+  for (size_t idx = 0; idx < profile.joint_.size(); ++idx) {
+    JointComponents& joint = profile.joint_[idx];
+    if (!get_components(n, &profile.components_[idx * 2]) ||
+        !get_components(n, &profile.components_[idx * 2 + 1]) || !get(&joint.key_weight, 8) ||
+        !get(&joint.value_weight, 8) || !get_components(2 * n, &joint.components)) {
       return absl::InvalidArgumentError(absl::StrFormat("profile '%s' is truncated", path));
     }
   }

@@ -1,6 +1,6 @@
 // `kvstack calibrate` on the real model: the profile it writes loads for stories260K, says
-// that the keys and values are not trivially low-rank (energy below 1 at half rank, above the
-// share a random basis would keep), and is refused for another model.
+// that the keys, the values and their joint [k; v] are not trivially low-rank (energy below 1
+// at half rank, above the share a random basis would keep), and is refused for another model.
 #include <cstdlib>
 #include <fstream>
 
@@ -36,6 +36,14 @@ TEST(Calibrate, WritesAProfileKeyedToTheModel) {
         EXPECT_GT(energy, 0.5);  // PCA keeps at least what any half of the axes would on average
         EXPECT_LE(energy, 1.0 + 1e-12);
       }
+      // The joint [k; v] of the latent codecs: 2 * head_dim dims, with balancing weights.
+      const JointComponents& joint = profile->joint_components(l, h);
+      EXPECT_EQ(joint.components.eigenvalues.size(), 2u * hp.head_dim);
+      EXPECT_GT(joint.key_weight, 0.0);
+      EXPECT_GT(joint.value_weight, 0.0);
+      const double energy = joint.components.EnergyRetained(hp.head_dim);
+      EXPECT_GT(energy, 0.5);
+      EXPECT_LE(energy, 1.0 + 1e-12);
     }
   }
   // Another model (same shape is impossible to fake by hash): refused with a clear error.

@@ -613,7 +613,8 @@ TEST(CodecFactoryTest, LowRankNeedsAProfile) {
 TEST(CodecFactoryTest, UnknownNameListsAllowed) {
   EXPECT_EQ(Error("int3", 64),
             "unknown codec 'int3'; allowed: f32, f16, bf16, fp8_e4m3, fp8_e5m2, int8, int4, "
-            "int2, q4_absmax, kivi4, kivi2, lowrank-r<rank>[-int4], lowrank-e<percent>[-int4]");
+            "int2, q4_absmax, kivi4, kivi2, lowrank-r<rank>[-int4], lowrank-e<percent>[-int4], "
+            "latent-r<rank>[-int4]");
   EXPECT_THAT(Error("INT4", 64), HasSubstr("unknown codec 'INT4'"));
   EXPECT_THAT(Error("", 64), HasSubstr("unknown codec ''"));
 }

@@ -1,6 +1,6 @@
 // KvProfile: the eigen-solver against known spectra, PCA of synthetic data with a known
-// covariance, energy/rank queries, and the file format (round trip, foreign model refused,
-// corruption caught).
+// covariance, the joint [k; v] components and their balancing weights, energy/rank queries,
+// and the file format (round trip, foreign model and old version refused, corruption caught).
 #include "kvstack/kv_profile.h"
 
 #include <cmath>
@@ -59,10 +59,7 @@ KvProfile SyntheticProfile() {
       for (int c = 0; c < 4; ++c) rows.push_back(10.0f * h + stddev[c] * normal(rng));
     }
   }
-  for (int l = 0; l < 2; ++l) {
-    profile.Accumulate(l, KvKind::kKey, rows);
-    profile.Accumulate(l, KvKind::kValue, rows);
-  }
+  for (int l = 0; l < 2; ++l) profile.Accumulate(l, rows, rows);
   profile.AddTokens(20000);
   EXPECT_TRUE(profile.Finalize().ok());
   return profile;
@@ -82,6 +79,49 @@ TEST(KvProfile, RecoversKnownVariancesMeansAndEnergy) {
   EXPECT_EQ(c.RankForEnergy(1.0), 4);
 }
 
+// Values that are a fixed linear function of the keys (v = 0.1 * P k, P a channel swap) add
+// no dimension: the joint [k; v] has the keys' rank, and the balancing weights make the two
+// halves equally loud (value_weight = 10 key_weight) so each keeps half the joint energy.
+TEST(KvProfile, JointComponentsSpanKeysAndValuesTogether) {
+  KvProfile profile(7, 1, 1, 4);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  std::vector<float> keys, values;
+  for (int t = 0; t < 5000; ++t) {
+    const float a = 3 * normal(rng), b = normal(rng);
+    const float k[4] = {a + 1, b, 0.5f * a, -2};
+    keys.insert(keys.end(), k, k + 4);
+    const float v[4] = {0.1f * k[1], 0.1f * k[0], 0.1f * k[3], 0.1f * k[2]};
+    values.insert(values.end(), v, v + 4);
+  }
+  profile.Accumulate(0, keys, values);
+  ASSERT_TRUE(profile.Finalize().ok());
+  const JointComponents& joint = profile.joint_components(0, 0);
+  EXPECT_NEAR(joint.value_weight / joint.key_weight, 10.0, 1e-6);
+  const HeadComponents& c = joint.components;
+  ASSERT_EQ(c.mean.size(), 8u);
+  EXPECT_NEAR(c.mean[0], joint.key_weight * 1.0, 0.1 * joint.key_weight);
+  EXPECT_NEAR(c.mean[4 + 2], joint.value_weight * -0.2, 1e-4 * joint.value_weight);
+  EXPECT_NEAR(c.EnergyRetained(2), 1.0, 1e-9);
+  EXPECT_LT(c.EnergyRetained(1), 0.95);
+  // Each direction carries keys and values alike: half its weight in either half.
+  double key_part = 0;
+  for (int i = 0; i < 4; ++i) key_part += c.basis[i] * c.basis[i];
+  EXPECT_NEAR(key_part, 0.5, 1e-6);
+  // The key and value blocks alone are what separate accumulation would give.
+  EXPECT_NEAR(profile.components(0, 0, KvKind::kKey).eigenvalues[0], 9 * 1.25, 0.5);
+  EXPECT_NEAR(profile.components(0, 0, KvKind::kValue).eigenvalues[0], 0.09 * 1.25, 0.005);
+}
+
+TEST(KvProfile, NonFiniteTokensAreSkipped) {
+  KvProfile profile(7, 1, 1, 2);
+  const std::vector<float> keys = {1, 2, 3, 4, NAN, 0};
+  const std::vector<float> values = {1, 1, INFINITY, 1, 2, 2};
+  profile.Accumulate(0, keys, values);  // only token 0 is finite in both
+  ASSERT_TRUE(profile.Finalize().ok());
+  EXPECT_EQ(profile.components(0, 0, KvKind::kKey).mean, (std::vector<double>{1, 2}));
+}
+
 TEST(KvProfile, FinalizeWithoutDataIsAnError) {
   KvProfile profile(1, 1, 1, 4);
   EXPECT_EQ(profile.Finalize().code(), absl::StatusCode::kFailedPrecondition);
@@ -96,6 +136,10 @@ TEST(KvProfile, FileRoundTripAndRefusals) {
   EXPECT_EQ(loaded->tokens_seen(), 20000u);
   EXPECT_EQ(loaded->components(1, 0, KvKind::kKey).basis,
             profile.components(1, 0, KvKind::kKey).basis);
+  EXPECT_EQ(loaded->joint_components(1, 1).components.basis,
+            profile.joint_components(1, 1).components.basis);
+  EXPECT_EQ(loaded->joint_components(1, 1).value_weight,
+            profile.joint_components(1, 1).value_weight);
 
   auto foreign = KvProfile::Load(path, 0x9999, 2, 2, 4);
   ASSERT_FALSE(foreign.ok());
@@ -111,6 +155,15 @@ TEST(KvProfile, FileRoundTripAndRefusals) {
   auto cut = KvProfile::Load(path + ".cut", 0x1234, 2, 2, 4);
   ASSERT_FALSE(cut.ok());
   EXPECT_NE(std::string(cut.status().message()).find("truncated"), std::string::npos);
+  // A version-1 file (before the joint section) is refused with both versions named.
+  std::string old = bytes;
+  old[8] = 1;
+  std::ofstream(path + ".v1", std::ios::binary) << old;
+  auto v1 = KvProfile::Load(path + ".v1", 0x1234, 2, 2, 4);
+  ASSERT_FALSE(v1.ok());
+  EXPECT_NE(std::string(v1.status().message()).find("version 1; this kvstack reads version 2"),
+            std::string::npos)
+      << v1.status();
   std::ofstream(path + ".bad", std::ios::binary) << "GGUF and then some";
   EXPECT_FALSE(KvProfile::Load(path + ".bad", 0x1234, 2, 2, 4).ok());
   EXPECT_FALSE(KvProfile::Load(path + ".missing", 0x1234, 2, 2, 4).ok());

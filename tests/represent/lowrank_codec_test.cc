@@ -1,12 +1,14 @@
 // The low-rank codec against data of known rank: vectors in a 2-dimensional subspace are
 // reconstructed by rank 2 (to F16 rounding), energy-named ranks pick the right rank, the
-// 4-bit coordinates stay within their quantisation bound, and bad names fail clearly.
+// 4-bit coordinates stay within their quantisation bound, bad names fail clearly, and the
+// profile-built factory tells low-rank from latent names.
 #include "represent/lowrank_codec.h"
 
 #include <cmath>
 #include <random>
 
 #include "gtest/gtest.h"
+#include "kvstack/codec.h"
 
 namespace kvstack {
 namespace {
@@ -36,8 +38,7 @@ KvProfile Profile() {
   std::mt19937 rng(3);
   KvProfile profile(42, 1, kHeads, kHeadDim);
   const std::vector<float> rows = SubspaceRows(4000, rng, 0.01f);
-  profile.Accumulate(0, KvKind::kKey, rows);
-  profile.Accumulate(0, KvKind::kValue, rows);
+  profile.Accumulate(0, rows, rows);
   EXPECT_TRUE(profile.Finalize().ok());
   return profile;
 }
@@ -101,7 +102,27 @@ TEST(LowRankCodec, BadNamesAndRanks) {
   }
   auto too_big = LowRankCodec::Create("lowrank-r9", profile, 0, KvKind::kKey);
   ASSERT_FALSE(too_big.ok());
-  EXPECT_NE(std::string(too_big.status().message()).find("above head_dim 8"), std::string::npos);
+  EXPECT_NE(std::string(too_big.status().message()).find("above head_dim 8; allowed: 1..8"),
+            std::string::npos);
+}
+
+// The profile-built factory serves both families, by name; CreateCodec cannot build either.
+TEST(LowRankCodec, ProfiledFactoryDispatchesByName) {
+  const KvProfile profile = Profile();
+  auto low = CreateProfiledCodec("lowrank-r3-int4", profile, 0, CodecRole::kValue);
+  ASSERT_TRUE(low.ok()) << low.status();
+  EXPECT_EQ((*low)->id(), CodecId::kLowRank);
+  EXPECT_FALSE((*low)->joint());
+  auto latent = CreateProfiledCodec("latent-r5", profile, 0, CodecRole::kValue);
+  ASSERT_TRUE(latent.ok()) << latent.status();
+  EXPECT_EQ((*latent)->id(), CodecId::kLatent);
+  EXPECT_TRUE((*latent)->joint());
+  for (const char* name : {"lowrank-r2", "latent-r2"}) {
+    EXPECT_TRUE(IsLowRankCodecName(name));
+    EXPECT_TRUE(CheckCodecName(name).ok()) << name;
+    EXPECT_FALSE(CreateCodec(name, kHeadDim).ok()) << name;
+  }
+  EXPECT_FALSE(IsLowRankCodecName("int4"));
 }
 
 }  // namespace

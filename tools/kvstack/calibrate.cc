@@ -1,6 +1,8 @@
 // `kvstack calibrate`: runs a model over real text with a full-precision cache and measures,
-// per layer and kv head, the principal components of the keys (as stored: after RoPE) and
-// values. Writes a profile keyed to the model and prints how much energy low ranks keep.
+// per layer and kv head, the principal components of the keys (as stored: after RoPE), of the
+// values and of the joint [k; v] (for latent codecs). Writes a profile keyed to the model and
+// prints how much energy low ranks keep.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -72,8 +74,7 @@ absl::Status RunCalibrate(const CalibrateFlags& flags) {
       KVS_RETURN_IF_ERROR(engine->Forward(seq, window, false, &logits));
       for (int l = 0; l < hp.num_layers; ++l) {
         const KvLayerView view = engine->cache().View(seq, l);
-        profile.Accumulate(l, KvKind::kKey, LayerRows(view, true));
-        profile.Accumulate(l, KvKind::kValue, LayerRows(view, false));
+        profile.Accumulate(l, LayerRows(view, true), LayerRows(view, false));
       }
       profile.AddTokens(window.size());
       KVS_RETURN_IF_ERROR(engine->FreeSequence(seq));
@@ -87,23 +88,30 @@ absl::Status RunCalibrate(const CalibrateFlags& flags) {
               static_cast<unsigned long long>(profile.tokens_seen()), hp.num_layers,
               hp.num_kv_heads, hp.head_dim);
   std::printf(
-      "| layer | kind | energy at rank %d (half), mean over heads | rank for 90%% | 95%% | "
-      "99%% (max over heads) |\n|---|---|---|---|---|---|\n",
-      hp.head_dim / 2);
+      "| layer | kind | energy at half rank, mean over heads | rank for 90%% | 95%% | "
+      "99%% (max over heads) |\n|---|---|---|---|---|---|\n");
+  // One row per layer and kind; `joint` is the weighted [k; v] of the latent codecs, whose half
+  // rank is head_dim.
+  auto print_row = [&](int l, const char* kind, auto&& components) {
+    double energy = 0;
+    int r90 = 0, r95 = 0, r99 = 0;
+    for (int h = 0; h < hp.num_kv_heads; ++h) {
+      const HeadComponents& c = components(h);
+      energy += c.EnergyRetained(static_cast<int>(c.eigenvalues.size()) / 2) / hp.num_kv_heads;
+      r90 = std::max(r90, c.RankForEnergy(0.90));
+      r95 = std::max(r95, c.RankForEnergy(0.95));
+      r99 = std::max(r99, c.RankForEnergy(0.99));
+    }
+    std::printf("| %d | %s | %.4f | %d | %d | %d |\n", l, kind, energy, r90, r95, r99);
+  };
   for (int l = 0; l < hp.num_layers; ++l) {
     for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
-      double energy = 0;
-      int r90 = 0, r95 = 0, r99 = 0;
-      for (int h = 0; h < hp.num_kv_heads; ++h) {
-        const HeadComponents& c = profile.components(l, h, kind);
-        energy += c.EnergyRetained(hp.head_dim / 2) / hp.num_kv_heads;
-        r90 = std::max(r90, c.RankForEnergy(0.90));
-        r95 = std::max(r95, c.RankForEnergy(0.95));
-        r99 = std::max(r99, c.RankForEnergy(0.99));
-      }
-      std::printf("| %d | %s | %.4f | %d | %d | %d |\n", l, kind == KvKind::kKey ? "K" : "V",
-                  energy, r90, r95, r99);
+      print_row(l, kind == KvKind::kKey ? "K" : "V",
+                [&](int h) -> const HeadComponents& { return profile.components(l, h, kind); });
     }
+    print_row(l, "K;V joint", [&](int h) -> const HeadComponents& {
+      return profile.joint_components(l, h).components;
+    });
   }
   return absl::OkStatus();
 }
