@@ -95,6 +95,13 @@ double MeasureReadBandwidth(size_t bytes, int repetitions, ThreadPool* pool) {
 }
 
 size_t DecodeBytesRead(const KvLayerView& view) {
+  // After an eviction heads hold different numbers of tokens: each is read as its own view
+  // (whose head_tokens is empty, so this recursion is one level deep).
+  if (!view.head_tokens.empty()) {
+    size_t bytes = 0;
+    for (int h = 0; h < view.num_kv_heads; ++h) bytes += DecodeBytesRead(view.HeadView(h));
+    return bytes;
+  }
   // Whole units are read, so an arena range that starts or ends mid-unit (after the sinks)
   // costs the full units it touches. Unit boundaries sit on logical multiples of group_tokens
   // (multi-token codecs never use a wrapped ring).

@@ -9,7 +9,7 @@
 // F32 side buffers: the sink tokens (config.sink_tokens) and, for codecs whose units hold
 // several tokens, the unit still filling ("pending"). This file creates the cache and manages
 // sequences and accounting; Write() and View(), which know the segments, are in
-// kv_cache_rows.cc.
+// kv_cache_rows.cc; eviction (RetainTokens) is in kv_cache_evict.cc.
 #include "kvstack/kv_cache.h"
 
 #include <algorithm>
@@ -245,23 +245,29 @@ absl::StatusOr<SeqId> KvCache::ForkSequence(SeqId seq_id) {
   const Impl::Sequence& parent = it->second;
   Impl::Sequence child;
   child.num_tokens = parent.num_tokens;
+  child.head_tokens = parent.head_tokens;
   child.first_slot = parent.first_slot;
   child.num_appended = parent.num_appended;
   if (impl_->paged()) {
-    // Full blocks never change again (appends only go past them), so sharing them is safe; the
-    // partial tail will receive the next tokens of both sequences, so each needs its own.
-    const size_t num_full = static_cast<size_t>(parent.num_tokens / impl_->block_size);
-    child.block_table.assign(parent.block_table.begin(), parent.block_table.begin() + num_full);
-    if (num_full < parent.block_table.size()) {
-      absl::StatusOr<BlockId> tail = impl_->pool.Allocate();
-      if (!tail.ok()) {
-        return absl::ResourceExhaustedError(absl::StrCat("kv cache: cannot fork sequence ", seq_id,
-                                                         ": no free block for its partial tail"));
-      }
-      impl_->CopyBlock(parent.block_table[num_full], *tail);
-      child.block_table.push_back(*tail);
+    // Blocks that every head has filled never change again (appends only go past them), so
+    // sharing them is safe; the rest will receive the next tokens of both sequences (a head
+    // that kept fewer tokens after an eviction appends inside earlier blocks), so each
+    // sequence needs its own. RetainTokens copies shared blocks before it moves rows.
+    const size_t num_full = static_cast<size_t>(impl_->MinHeadTokens(parent) / impl_->block_size);
+    const size_t num_copied = parent.block_table.size() - num_full;
+    if (static_cast<int64_t>(num_copied) > impl_->pool.num_free()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("kv cache: cannot fork sequence ", seq_id, ": ", num_copied,
+                       " blocks must be copied and only ", impl_->pool.num_free(), " are free"));
     }
+    child.block_table.assign(parent.block_table.begin(), parent.block_table.begin() + num_full);
     for (size_t idx = 0; idx < num_full; ++idx) impl_->pool.Ref(child.block_table[idx]);
+    for (size_t idx = num_full; idx < parent.block_table.size(); ++idx) {
+      absl::StatusOr<BlockId> copy = impl_->pool.Allocate();
+      KVS_CHECK(copy.ok());  // counted above
+      impl_->CopyBlock(parent.block_table[idx], *copy);
+      child.block_table.push_back(*copy);
+    }
   } else {
     KVS_ASSIGN_OR_RETURN(const BlockId block, impl_->AllocateRegion());
     impl_->CopyBlock(parent.block_table[0], block);
@@ -330,6 +336,7 @@ absl::Status KvCache::CommitAppend(const AppendPlan& plan) {
     seq.block_table.push_back(*block);
   }
   seq.num_appended += plan.num_new_tokens;
+  const int old_num_tokens = seq.num_tokens;
   if (impl_->options.config.layout == LayoutKind::kRing) {
     const int capacity = impl_->block_size;
     seq.num_tokens = std::min(seq.num_tokens + plan.num_new_tokens, capacity);
@@ -337,10 +344,21 @@ absl::Status KvCache::CommitAppend(const AppendPlan& plan) {
   } else {
     seq.num_tokens += plan.num_new_tokens;
   }
+  // Every head grows by the new tokens less those the ring dropped: the ring's first_slot is
+  // shared by all heads, so a head that kept fewer tokens loses its oldest ones too.
+  for (int32_t& n : seq.head_tokens) n += seq.num_tokens - old_num_tokens;
   return absl::OkStatus();
 }
 
 int KvCache::NumTokens(SeqId seq_id) const { return impl_->Seq(seq_id).num_tokens; }
+
+int KvCache::HeadTokens(SeqId seq_id, int layer_idx, int kv_head) const {
+  KVS_CHECK(layer_idx >= 0 && layer_idx < num_layers());
+  KVS_CHECK(kv_head >= 0 && kv_head < impl_->options.num_kv_heads);
+  const Impl::Sequence& seq = impl_->Seq(seq_id);
+  const std::span<const int32_t> counts = impl_->HeadTokensOf(seq, layer_idx);
+  return counts.empty() ? seq.num_tokens : counts[kv_head];
+}
 
 const KvConfig& KvCache::config() const { return impl_->options.config; }
 const Codec& KvCache::k_codec(int layer_idx) const {

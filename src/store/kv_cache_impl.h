@@ -1,12 +1,15 @@
 // KvCache::Impl: the state behind KvCache, shared by the files that implement it
 // (kv_cache.cc: creation, sequences, planning, accounting; kv_cache_rows.cc: Write and View,
-// the code that knows the sink / arena / pending segments). Internal to src/store.
+// the code that knows the sink / arena / pending segments; kv_cache_evict.cc: RetainTokens).
+// Internal to src/store.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -32,7 +35,12 @@ struct KvCache::Impl {
   };
   struct Sequence {
     std::vector<BlockId> block_table;  // physical blocks in logical order
-    int num_tokens = 0;
+    int num_tokens = 0;                // the most tokens any (layer, kv head) holds
+    // Tokens each (layer, kv head) holds, [num_layers][num_kv_heads]; empty while every head
+    // holds num_tokens (no eviction, or all heads evicted alike). Head h of layer l holds its
+    // logical [0, n) in slots first_slot + [0, n): a head that holds fewer tokens than
+    // num_tokens leaves the slots above its count unused.
+    std::vector<int32_t> head_tokens;
     int first_slot = 0;  // ring only; 0 for the other layouts
     // Tokens ever appended: the absolute position of the next token. Equals num_tokens except
     // in a ring that has wrapped; it tells Write which tokens are sinks.
@@ -72,6 +80,19 @@ struct KvCache::Impl {
     auto it = sequences.find(seq_id);
     KVS_CHECK(it != sequences.end());
     return it->second;
+  }
+
+  // The kv heads' token counts of one layer: empty while every head holds num_tokens.
+  std::span<const int32_t> HeadTokensOf(const Sequence& seq, int layer_idx) const {
+    if (seq.head_tokens.empty()) return {};
+    return std::span(seq.head_tokens)
+        .subspan(static_cast<size_t>(layer_idx) * options.num_kv_heads, options.num_kv_heads);
+  }
+  // The fewest tokens any (layer, kv head) holds. Blocks holding slots at or above it may be
+  // written by the next append, so only blocks below it may be shared between sequences.
+  int MinHeadTokens(const Sequence& seq) const {
+    if (seq.head_tokens.empty()) return seq.num_tokens;
+    return *std::min_element(seq.head_tokens.begin(), seq.head_tokens.end());
   }
 
   KvArenaView ArenaView(const ArenaPtr& arena, const Codec& codec, size_t block_stride) const {
@@ -130,6 +151,27 @@ struct KvCache::Impl {
                   layer.k.get() + src * layer.k_block_stride, layer.k_block_stride);
       std::memcpy(layer.v.get() + dst * layer.v_block_stride,
                   layer.v.get() + src * layer.v_block_stride, layer.v_block_stride);
+    }
+  }
+
+  // How many of block_table[begin, end) are shared with other sequences.
+  int NumShared(const Sequence& seq, size_t begin, size_t end) const {
+    int num_shared = 0;
+    for (size_t idx = begin; idx < end; ++idx)
+      num_shared += pool.ref_count(seq.block_table[idx]) > 1;
+    return num_shared;
+  }
+  // Copy-on-write: gives the sequence its own copy of every shared block among
+  // block_table[begin, end). The caller checked that NumShared of them are free.
+  void Unshare(Sequence& seq, size_t begin, size_t end) {
+    for (size_t idx = begin; idx < end; ++idx) {
+      const BlockId shared = seq.block_table[idx];
+      if (pool.ref_count(shared) == 1) continue;
+      absl::StatusOr<BlockId> copy = pool.Allocate();
+      KVS_CHECK(copy.ok());
+      CopyBlock(shared, *copy);
+      pool.Unref(shared);
+      seq.block_table[idx] = *copy;
     }
   }
 

@@ -2,7 +2,9 @@
 // A written token lands in up to three places of its (sequence, layer): the F32 sink buffer
 // if it is one of the first sink_tokens tokens, the arena (encoded), and for codecs whose
 // units hold several tokens the F32 pending buffer, from which the whole unit is encoded once
-// its last token arrives. View() tells readers which logical range each segment holds.
+// its last token arrives. View() tells readers which logical range each segment holds. After
+// an eviction a head may hold fewer tokens than the sequence: its new tokens are still its
+// newest, so it stores them lower down (see KvCache::RetainTokens).
 #include <algorithm>
 #include <span>
 #include <vector>
@@ -85,47 +87,68 @@ void KvCache::Write(SeqId seq_id, int layer_idx, int logical_begin, std::span<co
     }
   };
 
-  view.ForEachRun(
-      logical_begin, logical_begin + num_tokens,
-      [&](int run_begin, int count, int32_t block_id, int row_begin) {
-        // Shared (forked) blocks are full and never rewritten; writing one would change the other
-        // sequence's history.
-        KVS_DCHECK(impl_->pool.ref_count(block_id) == 1);
-        for (int t = 0; t < count; ++t) {
-          const int logical = run_begin + t;
-          const int row = row_begin + t;
-          const int64_t pos = position_offset + logical;
-          const size_t src_token = static_cast<size_t>(logical - logical_begin) * token_floats;
-          for (int h = 0; h < view.num_kv_heads; ++h) {
-            const size_t src = src_token + h * head_dim;
-            std::span<const float> k_row = k.subspan(src, head_dim);
-            const std::span<const float> v_row = v.subspan(src, head_dim);
-            if (rotate) {
-              std::copy(k_row.begin(), k_row.end(), rotated.begin());
-              HadamardRotate(rotated);
-              k_row = rotated;
-            }
-            if (pos < sink_tokens) {
-              const size_t dst = (static_cast<size_t>(h) * sink_tokens + pos) * head_dim;
-              std::copy(k_row.begin(), k_row.end(), side.sink_k.begin() + dst);
-              std::copy(v_row.begin(), v_row.end(), side.sink_v.begin() + dst);
-            }
-            if (pending_rows == 0) {
-              // Encoded as it arrives: straight from the input, no copy.
-              k_codec.EncodeHead(h, k_row, {k_unit(block_id, row, h), view.k.unit_bytes});
-              v_codec.EncodeHead(h, v_row, {v_unit(block_id, row, h), view.v.unit_bytes});
-            } else {
-              // The pending buffer (circular, row = logical % pending_rows) is also the gather
-              // buffer: a unit needs one head's tokens contiguous, the input interleaves heads.
-              const size_t dst =
-                  (static_cast<size_t>(h) * pending_rows + logical % pending_rows) * head_dim;
-              std::copy(k_row.begin(), k_row.end(), side.pending_k.begin() + dst);
-              std::copy(v_row.begin(), v_row.end(), side.pending_v.begin() + dst);
-            }
+  // Token t's key row for head h, rotated when the config asks for it.
+  auto key_row = [&](int t, int h) -> std::span<const float> {
+    const std::span<const float> row =
+        k.subspan(static_cast<size_t>(t) * token_floats + h * head_dim, head_dim);
+    if (!rotate) return row;
+    std::copy(row.begin(), row.end(), rotated.begin());
+    HadamardRotate(rotated);
+    return rotated;
+  };
+  auto value_row = [&](int t, int h) {
+    return v.subspan(static_cast<size_t>(t) * token_floats + h * head_dim, head_dim);
+  };
+
+  // The F32 side buffers, token by token: sink copies (by absolute position), and the pending
+  // buffer, from which a unit is encoded once its last token is in.
+  for (int t = 0; t < num_tokens; ++t) {
+    const int logical = logical_begin + t;
+    const int64_t pos = position_offset + logical;
+    if (pos >= sink_tokens && pending_rows == 0) break;  // positions only grow
+    for (int h = 0; h < view.num_kv_heads; ++h) {
+      const std::span<const float> k_row = key_row(t, h);
+      const std::span<const float> v_row = value_row(t, h);
+      if (pos < sink_tokens) {
+        const size_t dst = (static_cast<size_t>(h) * sink_tokens + pos) * head_dim;
+        std::copy(k_row.begin(), k_row.end(), side.sink_k.begin() + dst);
+        std::copy(v_row.begin(), v_row.end(), side.sink_v.begin() + dst);
+      }
+      if (pending_rows > 0) {
+        // The pending buffer (circular, row = logical % pending_rows) is also the gather
+        // buffer: a unit needs one head's tokens contiguous, the input interleaves heads.
+        const size_t dst =
+            (static_cast<size_t>(h) * pending_rows + logical % pending_rows) * head_dim;
+        std::copy(k_row.begin(), k_row.end(), side.pending_k.begin() + dst);
+        std::copy(v_row.begin(), v_row.end(), side.pending_v.begin() + dst);
+      }
+    }
+    if (pending_rows > 0) EncodeSettledUnit(logical + 1);
+  }
+  if (pending_rows > 0) return;
+
+  // Encoded as they arrive, straight from the input, head by head: a head that kept fewer
+  // tokens after an eviction lags NumTokens' numbering by `shift` (the new tokens are its
+  // newest). Tokens below the shift are ones that head no longer holds (a ring that wrapped
+  // past them); they are not stored for it. Only layers without pending rows evict.
+  for (int h = 0; h < view.num_kv_heads; ++h) {
+    const int shift = view.num_tokens - view.HeadTokens(h);
+    const int begin = std::max(logical_begin, shift);
+    const int end = logical_begin + num_tokens;
+    if (begin >= end) continue;
+    view.ForEachRun(
+        begin - shift, end - shift, [&](int run_begin, int count, int32_t block_id, int row_begin) {
+          // Shared (forked) blocks lie below every head's count and are never rewritten;
+          // writing one would change the other sequence's history.
+          KVS_DCHECK(impl_->pool.ref_count(block_id) == 1);
+          for (int c = 0; c < count; ++c) {
+            const int t = run_begin + c + shift - logical_begin;
+            const int row = row_begin + c;
+            k_codec.EncodeHead(h, key_row(t, h), {k_unit(block_id, row, h), view.k.unit_bytes});
+            v_codec.EncodeHead(h, value_row(t, h), {v_unit(block_id, row, h), view.v.unit_bytes});
           }
-          if (pending_rows > 0) EncodeSettledUnit(logical + 1);
-        }
-      });
+        });
+  }
 }
 
 KvLayerView KvCache::View(SeqId seq_id, int layer_idx) const {
@@ -159,6 +182,7 @@ KvLayerView KvCache::View(SeqId seq_id, int layer_idx) const {
                   .begin = std::max(encoded_end, sinks_end),
                   .end = seq.num_tokens},
       .keys_rotated = impl_->options.config.hadamard_keys,
+      .head_tokens = impl_->HeadTokensOf(seq, layer_idx),
   };
 }
 

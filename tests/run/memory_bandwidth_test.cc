@@ -56,5 +56,22 @@ TEST(MemoryBandwidthTest, DecodeBytesReadCountsWholeUnitsAndSegments) {
   EXPECT_EQ(DecodeBytesRead(view), 2 * (4 * 160 + 100 * 12));
 }
 
+TEST(MemoryBandwidthTest, DecodeBytesReadCountsEachHeadsOwnTokens) {
+  // After an eviction heads hold 100, 40 and 3 tokens; 3 F32 sinks each (all a head holds
+  // in the third).
+  const int32_t head_tokens[] = {100, 40, 3};
+  KvLayerView view;
+  view.num_tokens = 100;
+  view.num_kv_heads = 3;
+  view.head_dim = 8;
+  view.k.unit_bytes = 16;  // F16 keys
+  view.v.unit_bytes = 32;  // F32 values
+  view.sinks.stride_tokens = 3;
+  view.sinks.end = 3;
+  view.head_tokens = head_tokens;
+  const size_t sink_bytes = 3 * 2 * 8 * sizeof(float);
+  EXPECT_EQ(DecodeBytesRead(view), (97 + 37 + 0) * size_t{16 + 32} + 3 * sink_bytes);
+}
+
 }  // namespace
 }  // namespace kvstack

@@ -1,0 +1,665 @@
+// Tests of KvCache::RetainTokens (eviction, the cache's side). A small model of the cache —
+// which appended token each logical token of each (layer, kv head) is — says what every head
+// must hold after appends, evictions and ring wrap-around; every head is then read back
+// through View() at the address kv_view.h defines (sinks from their F32 segment, arena rows
+// decoded with the codec and the head's index) and compared with the codec's own round trip
+// of the token as written. Since a one-token unit encodes the same row to the same bytes,
+// "moved bytes" and "the kept tokens' previous decoded values" are the same thing, exactly.
+// Conformance runs every layout (contiguous, paged 16 and 3, ring) with several codecs;
+// further tests cover sinks, the rewrite callback, errors (nothing changes), forks
+// (copy-on-write) and the byte accounting.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <ostream>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cache_test_util.h"
+#include "kvstack/kv_cache.h"
+#include "kvstack/kv_profile.h"
+#include "represent/hadamard.h"
+
+namespace kvstack {
+namespace {
+
+using ::testing::HasSubstr;
+using Ids = std::vector<int>;
+
+using namespace cache_test;  // NOLINT: the shared shape and helpers of the cache suites
+
+// int4-g8 and q4_absmax group along one row only when a row has 8 elements.
+constexpr int kDim = 8;
+constexpr uint64_t kModelHash = 77;
+
+struct LayoutCase {
+  std::string name;
+  LayoutKind layout;
+  int block_size = 16;
+  int64_t capacity = 48;
+};
+
+void PrintTo(const LayoutCase& layout, std::ostream* os) { *os << layout.name; }
+
+const LayoutCase kLayouts[] = {
+    {"contiguous", LayoutKind::kContiguous},
+    {"paged16", LayoutKind::kPaged, 16},
+    {"paged3", LayoutKind::kPaged, 3},
+    {"ring", LayoutKind::kRing, 16, 24},
+};
+
+struct CacheCase {
+  LayoutCase layout;
+  std::string codec = "f32";
+  std::string v_codec = "";  // empty: codec
+  int sink_tokens = 0;
+  int recent_tokens = 0;
+  bool hadamard = false;
+  int max_sequences = 2;
+};
+
+// A calibration profile of random rows for the low-rank codec, written once per process.
+std::string ProfilePath() {
+  static const std::string path = [] {
+    KvProfile profile(kModelHash, kNumLayers, kNumKvHeads, kDim);
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal;
+    std::vector<float> keys(200 * kNumKvHeads * kDim), values(keys.size());
+    for (int layer_idx = 0; layer_idx < kNumLayers; ++layer_idx) {
+      for (float& x : keys) x = normal(rng);
+      for (float& x : values) x = normal(rng);
+      profile.Accumulate(layer_idx, keys, values);
+    }
+    KVS_CHECK(profile.Finalize().ok());
+    const std::string file = ::testing::TempDir() + "/kv_cache_evict_test.profile";
+    KVS_CHECK(profile.Save(file).ok());
+    return file;
+  }();
+  return path;
+}
+
+absl::StatusOr<std::unique_ptr<KvCache>> TryMakeCache(const CacheCase& c) {
+  KvCacheOptions options;
+  options.num_layers = kNumLayers;
+  options.num_kv_heads = kNumKvHeads;
+  options.head_dim = kDim;
+  options.model_hash = kModelHash;
+  options.config.layout = c.layout.layout;
+  options.config.capacity = c.layout.capacity;
+  options.config.block_size = c.layout.block_size;
+  options.config.max_sequences = c.max_sequences;
+  options.config.k_codec = c.codec;
+  options.config.v_codec = c.v_codec.empty() ? c.codec : c.v_codec;
+  options.config.sink_tokens = c.sink_tokens;
+  options.config.recent_tokens = c.recent_tokens;
+  options.config.hadamard_keys = c.hadamard;
+  if (c.codec.starts_with("lowrank")) options.config.profile = ProfilePath();
+  return KvCache::Create(options);
+}
+
+std::unique_ptr<KvCache> MakeCache(const CacheCase& c) {
+  auto cache = TryMakeCache(c);
+  KVS_CHECK(cache.ok());
+  return std::move(*cache);
+}
+
+// Which appended token each logical token of each (layer, kv head) is.
+struct Model {
+  int ring_capacity = 0;  // 0: not a ring
+  int sink_tokens = 0;
+  std::vector<int> ids[kNumLayers][kNumKvHeads];
+
+  int NumTokens() const {
+    size_t n = 0;
+    for (const auto& layer : ids) {
+      for (const std::vector<int>& head : layer) n = std::max(n, head.size());
+    }
+    return static_cast<int>(n);
+  }
+  // Tokens first_id.. appended to every head. A full ring drops as many of every head's oldest
+  // non-sink tokens as the longest head overflows (its first_slot is shared).
+  void Append(int first_id, int num_new) {
+    const int n = NumTokens();
+    const int dropped = ring_capacity == 0 ? 0 : std::max(0, n + num_new - ring_capacity);
+    for (auto& layer : ids) {
+      for (std::vector<int>& head : layer) {
+        for (int j = 0; j < num_new; ++j) head.push_back(first_id + j);
+        if (dropped > 0) {
+          head.erase(head.begin() + sink_tokens, head.begin() + sink_tokens + dropped);
+        }
+      }
+    }
+  }
+  void Retain(int layer_idx, int kv_head, const std::vector<int>& keep) {
+    std::vector<int>& head = ids[layer_idx][kv_head];
+    std::vector<int> kept;
+    for (int i : keep) kept.push_back(head[i]);
+    head = kept;
+  }
+};
+
+// Appends tokens to the cache and the model alike.
+void AppendBoth(KvCache& cache, SeqId seq_id, int num_new, std::mt19937& rng, History* history,
+                Model* model) {
+  const int first_id = history->num_appended();
+  Append(cache, seq_id, num_new, rng, history);
+  model->Append(first_id, num_new);
+}
+
+// A row as the cache stores it: rotated when keys are, then through the codec of kv head h
+// (sinks are kept as the rotated F32 row).
+std::vector<float> Stored(const Codec& codec, int kv_head, std::span<const float> row, bool rotate,
+                          bool sink) {
+  std::vector<float> x(row.begin(), row.end());
+  if (rotate) HadamardRotate(x);
+  if (sink) return x;
+  std::vector<std::byte> bytes(codec.unit_bytes());
+  codec.EncodeHead(kv_head, x, bytes);
+  codec.DecodeHead(kv_head, bytes, x);
+  return x;
+}
+
+// One head's logical token i as attention reads it, keys and values.
+std::pair<std::vector<float>, std::vector<float>> ReadToken(const KvLayerView& view, int kv_head,
+                                                            int i) {
+  std::vector<float> k(kDim), v(kDim);
+  if (i < view.sinks.end) {
+    std::copy_n(view.sinks.KRow(i, kv_head, kDim), kDim, k.begin());
+    std::copy_n(view.sinks.VRow(i, kv_head, kDim), kDim, v.begin());
+    return {k, v};
+  }
+  const int slot = (view.first_slot + i) % view.num_slots();
+  const int32_t block_id = view.block_table[slot / view.block_size];
+  const int row = slot % view.block_size;
+  const int codec_head = view.first_kv_head + kv_head;
+  view.k.codec_impl->DecodeHead(codec_head, {view.k.Row(block_id, row, kv_head), view.k.unit_bytes},
+                                k);
+  view.v.codec_impl->DecodeHead(codec_head, {view.v.Row(block_id, row, kv_head), view.v.unit_bytes},
+                                v);
+  return {k, v};
+}
+
+// Checks every head of every layer against the model, and the counts.
+void ExpectHolds(const KvCache& cache, SeqId seq_id, const History& history, const Model& model) {
+  ASSERT_EQ(cache.NumTokens(seq_id), model.NumTokens());
+  const bool rotate = cache.config().hadamard_keys;
+  for (int layer_idx = 0; layer_idx < kNumLayers; ++layer_idx) {
+    const KvLayerView view = cache.View(seq_id, layer_idx);
+    ASSERT_EQ(view.num_tokens, model.NumTokens());
+    for (int h = 0; h < kNumKvHeads; ++h) {
+      const std::vector<int>& ids = model.ids[layer_idx][h];
+      ASSERT_EQ(cache.HeadTokens(seq_id, layer_idx, h), static_cast<int>(ids.size()));
+      ASSERT_EQ(view.HeadTokens(h), static_cast<int>(ids.size()));
+      const KvLayerView one = view.HeadView(h);
+      for (int i = 0; i < static_cast<int>(ids.size()); ++i) {
+        const bool sink = i < view.sinks.end;
+        const auto [k, v] = ReadToken(view, h, i);
+        EXPECT_EQ(k, Stored(cache.k_codec(layer_idx), h, history.KRow(layer_idx, ids[i], h, kDim),
+                            rotate, sink))
+            << "layer " << layer_idx << " head " << h << " logical " << i << " token " << ids[i];
+        EXPECT_EQ(v, Stored(cache.v_codec(layer_idx), h, history.VRow(layer_idx, ids[i], h, kDim),
+                            false, sink))
+            << "layer " << layer_idx << " head " << h << " logical " << i << " token " << ids[i];
+        // The one-head view reads the same token.
+        EXPECT_EQ(ReadToken(one, 0, i).first, k) << "head view, logical " << i;
+      }
+    }
+  }
+}
+
+// Every `stride`-th token plus the newest `tail`, with the sinks.
+std::vector<int> Spread(int held, int stride, int tail, int sinks) {
+  std::vector<int> keep;
+  for (int i = 0; i < held; ++i) {
+    if (i < sinks || i % stride == 0 || i >= held - tail) keep.push_back(i);
+  }
+  return keep;
+}
+
+size_t SideBytes(const KvCache& cache, int num_sequences) {
+  return static_cast<size_t>(num_sequences) * kNumLayers * 2 * kNumKvHeads * kDim *
+         cache.config().sink_tokens * sizeof(float);
+}
+
+void ExpectBytesInUse(const KvCache& cache, int num_sequences) {
+  const BlockPool& pool = cache.pool();
+  EXPECT_EQ(cache.bytes_in_use(),
+            (pool.num_blocks() - pool.num_free()) * (cache.bytes_reserved() / pool.num_blocks()) +
+                SideBytes(cache, num_sequences));
+}
+
+Model NewModel(const KvCache& cache) {
+  Model model;
+  if (cache.config().layout == LayoutKind::kRing) {
+    model.ring_capacity = static_cast<int>(cache.config().capacity);
+  }
+  model.sink_tokens = cache.config().sink_tokens;
+  return model;
+}
+
+// Blocks a paged sequence of n tokens holds.
+int BlocksFor(const KvCache& cache, int n) {
+  const int block_size = cache.config().block_size;
+  return (n + block_size - 1) / block_size;
+}
+
+// ---- Conformance: every layout, several codecs -------------------------------------------
+
+using ConformanceParam = std::tuple<LayoutCase, std::string>;
+
+class EvictConformanceTest : public ::testing::TestWithParam<ConformanceParam> {};
+
+TEST_P(EvictConformanceTest, KeptTokensMoveForwardAndAppendsLandNewest) {
+  const auto& [layout, codec] = GetParam();
+  std::unique_ptr<KvCache> cache = MakeCache({.layout = layout, .codec = codec});
+  ASSERT_TRUE(cache->CheckCanEvict().ok());
+  const bool paged = layout.layout == LayoutKind::kPaged;
+  const SeqId seq = *cache->AddSequence();
+  std::mt19937 rng(11);
+  History history;
+  Model model = NewModel(*cache);
+  AppendBoth(*cache, seq, 7, rng, &history, &model);
+  AppendBoth(*cache, seq, 23, rng, &history, &model);  // the ring (24) wraps
+  ExpectHolds(*cache, seq, history, model);
+  const int n = cache->NumTokens(seq);
+
+  // One head: the others and the other layer are untouched, NumTokens stays.
+  const std::vector<int> keep01 = Spread(n, 3, 4, 0);
+  ASSERT_TRUE(cache->RetainTokens(seq, 0, 1, keep01).ok());
+  model.Retain(0, 1, keep01);
+  ExpectHolds(*cache, seq, history, model);
+  EXPECT_EQ(cache->NumTokens(seq), n);
+  EXPECT_FALSE(cache->View(seq, 0).uniform_heads());
+  EXPECT_TRUE(cache->View(seq, 1).uniform_heads());
+
+  // Every head: NumTokens becomes the largest count and (paged) the blocks above it go back.
+  const std::vector<int> keep00 = Spread(n, 2, 0, 0);
+  std::vector<int> keep10(n / 3);
+  std::iota(keep10.begin(), keep10.end(), 0);
+  const std::vector<int> keep11 = {n - 1};
+  for (const auto& [layer_idx, kv_head, keep] :
+       {std::tuple(0, 0, keep00), std::tuple(1, 0, keep10), std::tuple(1, 1, keep11)}) {
+    ASSERT_TRUE(cache->RetainTokens(seq, layer_idx, kv_head, keep).ok());
+    model.Retain(layer_idx, kv_head, keep);
+    ExpectHolds(*cache, seq, history, model);
+  }
+  EXPECT_EQ(cache->NumTokens(seq), static_cast<int>(std::max(keep00.size(), keep01.size())));
+  if (paged) {
+    EXPECT_EQ(cache->pool().num_blocks() - cache->pool().num_free(),
+              BlocksFor(*cache, cache->NumTokens(seq)));
+  }
+  ExpectBytesInUse(*cache, 1);
+
+  // Appends grow every head as its newest tokens (the ring wraps again and drops the oldest).
+  AppendBoth(*cache, seq, 9, rng, &history, &model);
+  ExpectHolds(*cache, seq, history, model);
+  const std::vector<int> keep10b = Spread(cache->HeadTokens(seq, 1, 0), 2, 1, 0);
+  ASSERT_TRUE(cache->RetainTokens(seq, 1, 0, keep10b).ok());
+  model.Retain(1, 0, keep10b);
+  AppendBoth(*cache, seq, 3, rng, &history, &model);
+  ExpectHolds(*cache, seq, history, model);
+  ExpectBytesInUse(*cache, 1);
+}
+
+TEST_P(EvictConformanceTest, KeepingEverythingChangesNothing) {
+  const auto& [layout, codec] = GetParam();
+  std::unique_ptr<KvCache> cache = MakeCache({.layout = layout, .codec = codec});
+  const SeqId seq = *cache->AddSequence();
+  std::mt19937 rng(12);
+  History history;
+  Model model = NewModel(*cache);
+  AppendBoth(*cache, seq, 20, rng, &history, &model);
+  std::vector<int> all(20);
+  std::iota(all.begin(), all.end(), 0);
+  const int num_free = cache->pool().num_free();
+  ASSERT_TRUE(cache->RetainTokens(seq, 1, 1, all).ok());
+  ExpectHolds(*cache, seq, history, model);
+  EXPECT_TRUE(cache->View(seq, 1).head_tokens.empty());
+  EXPECT_EQ(cache->pool().num_free(), num_free);
+}
+
+// Retaining the same tokens in every head returns the cache to uniform heads.
+TEST_P(EvictConformanceTest, EvictingEveryHeadAlikeShrinksTheSequence) {
+  const auto& [layout, codec] = GetParam();
+  std::unique_ptr<KvCache> cache = MakeCache({.layout = layout, .codec = codec});
+  const SeqId seq = *cache->AddSequence();
+  std::mt19937 rng(13);
+  History history;
+  Model model = NewModel(*cache);
+  AppendBoth(*cache, seq, 10, rng, &history, &model);
+  AppendBoth(*cache, seq, 20, rng, &history, &model);
+  const std::vector<int> keep = Spread(cache->NumTokens(seq), 4, 2, 0);
+  for (int layer_idx = 0; layer_idx < kNumLayers; ++layer_idx) {
+    for (int h = 0; h < kNumKvHeads; ++h) {
+      ASSERT_TRUE(cache->RetainTokens(seq, layer_idx, h, keep).ok());
+      model.Retain(layer_idx, h, keep);
+    }
+  }
+  ExpectHolds(*cache, seq, history, model);
+  EXPECT_EQ(cache->NumTokens(seq), static_cast<int>(keep.size()));
+  EXPECT_TRUE(cache->View(seq, 0).head_tokens.empty());
+  // The room eviction made is usable: a contiguous sequence takes tokens up to capacity again.
+  AppendBoth(*cache, seq, static_cast<int>(layout.capacity) - cache->NumTokens(seq), rng, &history,
+             &model);
+  ExpectHolds(*cache, seq, history, model);
+}
+
+std::string ConformanceName(const ::testing::TestParamInfo<ConformanceParam>& info) {
+  std::string codec = std::get<1>(info.param);
+  std::replace(codec.begin(), codec.end(), '-', '_');
+  return std::get<0>(info.param).name + "_" + codec;
+}
+
+INSTANTIATE_TEST_SUITE_P(LayoutsAndCodecs, EvictConformanceTest,
+                         ::testing::Combine(::testing::ValuesIn(kLayouts),
+                                            ::testing::Values("f32", "f16", "int8", "int4-g8",
+                                                              "fp8_e4m3", "q4_absmax",
+                                                              "lowrank-r4")),
+                         ConformanceName);
+
+// ---- Per layout: sinks, rewrite, errors, forks ------------------------------------------
+
+class EvictLayoutTest : public ::testing::TestWithParam<LayoutCase> {};
+
+// Sinks never move; in a ring that has wrapped they still read from their F32 copies, and
+// the tokens the ring drops are each head's oldest after the sinks.
+TEST_P(EvictLayoutTest, SinksStayAndRetainedViewsReadRight) {
+  std::unique_ptr<KvCache> cache = MakeCache({.layout = GetParam(),
+                                              .codec = "f16",
+                                              .v_codec = "int8",
+                                              .sink_tokens = 3,
+                                              .hadamard = true});
+  const SeqId seq = *cache->AddSequence();
+  std::mt19937 rng(21);
+  History history;
+  Model model = NewModel(*cache);
+  AppendBoth(*cache, seq, 10, rng, &history, &model);
+  AppendBoth(*cache, seq, 20, rng, &history, &model);
+  ExpectHolds(*cache, seq, history, model);
+  const int n = cache->NumTokens(seq);
+  ASSERT_TRUE(cache->RetainTokens(seq, 0, 0, Spread(n, 5, 2, 3)).ok());
+  model.Retain(0, 0, Spread(n, 5, 2, 3));
+  // The sinks and the newest token: in a full ring this head then holds the newest one.
+  ASSERT_TRUE(cache->RetainTokens(seq, 1, 1, Ids{0, 1, 2, n - 1}).ok());
+  model.Retain(1, 1, {0, 1, 2, n - 1});
+  ExpectHolds(*cache, seq, history, model);
+  if (GetParam().layout == LayoutKind::kRing) {
+    const absl::Status status = cache->RetainTokens(seq, 1, 0, Ids{0, 1, 2});
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(status.message(), HasSubstr("allowed in a ring: at least 4"));
+  }
+  for (int round = 0; round < 3; ++round) {
+    AppendBoth(*cache, seq, 6, rng, &history, &model);
+    ExpectHolds(*cache, seq, history, model);
+  }
+  ExpectBytesInUse(*cache, 1);
+}
+
+// The callback sees each moving key as the model wrote it (Hadamard undone) with its old and
+// new index; what it writes is what the cache then stores. Values move untouched.
+TEST_P(EvictLayoutTest, RewriteSeesFloatKeysAndItsChangesAreStored) {
+  for (const bool hadamard : {false, true}) {
+    for (const std::string codec : {"f32", "int8"}) {
+      SCOPED_TRACE(codec + (hadamard ? " hadamard" : ""));
+      std::unique_ptr<KvCache> cache =
+          MakeCache({.layout = GetParam(), .codec = codec, .sink_tokens = 2, .hadamard = hadamard});
+      const SeqId seq = *cache->AddSequence();
+      std::mt19937 rng(31);
+      History history;
+      Model model = NewModel(*cache);
+      AppendBoth(*cache, seq, 8, rng, &history, &model);
+      AppendBoth(*cache, seq, 20, rng, &history, &model);
+      const int n = cache->NumTokens(seq);
+      const std::vector<int> keep = {0, 1, 2, 7, 8, 15, n - 1};
+      const std::vector<int> ids = model.ids[1][0];
+      std::vector<std::pair<int, int>> calls;
+      auto rewrite = [&](int old_index, int new_index, std::span<float> key) {
+        calls.emplace_back(old_index, new_index);
+        // What the cache held for that token, unrotated again.
+        std::vector<float> want =
+            Stored(cache->k_codec(1), 0, history.KRow(1, ids[old_index], 0, kDim), hadamard, false);
+        if (hadamard) HadamardRotate(want);
+        for (int c = 0; c < kDim; ++c) {
+          EXPECT_NEAR(key[c], want[c], 1e-5 * (1.0 + std::fabs(want[c]))) << old_index;
+          key[c] = 0.5f * new_index - 0.25f * c;
+        }
+      };
+      ASSERT_TRUE(cache->RetainTokens(seq, 1, 0, keep, rewrite).ok());
+      // Only keys that move are rewritten: sinks and token 2 keep their place and bytes.
+      EXPECT_EQ(calls, (std::vector<std::pair<int, int>>{{7, 3}, {8, 4}, {15, 5}, {n - 1, 6}}));
+      model.Retain(1, 0, keep);
+      const KvLayerView view = cache->View(seq, 1);
+      for (int i = 0; i < static_cast<int>(keep.size()); ++i) {
+        const auto [k, v] = ReadToken(view, 0, i);
+        std::vector<float> want_k;
+        if (i < 3) {
+          want_k = Stored(cache->k_codec(1), 0, history.KRow(1, model.ids[1][0][i], 0, kDim),
+                          hadamard, i < 2);
+        } else {
+          std::vector<float> written(kDim);
+          for (int c = 0; c < kDim; ++c) written[c] = 0.5f * i - 0.25f * c;
+          want_k = Stored(cache->k_codec(1), 0, written, hadamard, false);
+        }
+        EXPECT_EQ(k, want_k) << i;
+        EXPECT_EQ(v, Stored(cache->v_codec(1), 0, history.VRow(1, model.ids[1][0][i], 0, kDim),
+                            false, i < 2))
+            << i;
+      }
+    }
+  }
+}
+
+TEST_P(EvictLayoutTest, BadKeepListsChangeNothing) {
+  std::unique_ptr<KvCache> cache =
+      MakeCache({.layout = GetParam(), .codec = "int8", .sink_tokens = 2});
+  const SeqId seq = *cache->AddSequence();
+  std::mt19937 rng(41);
+  History history;
+  Model model = NewModel(*cache);
+  AppendBoth(*cache, seq, 20, rng, &history, &model);
+  ASSERT_TRUE(cache->RetainTokens(seq, 0, 1, Ids{0, 1, 4, 9, 12}).ok());
+  model.Retain(0, 1, {0, 1, 4, 9, 12});
+  const int num_free = cache->pool().num_free();
+  const size_t bytes = cache->bytes_in_use();
+  struct Bad {
+    int layer_idx;
+    int kv_head;
+    std::vector<int> keep;
+    std::string message;
+  };
+  const std::vector<Bad> bad = {
+      {0, 0, {0, 1, 5, 3}, "ascending, distinct logical tokens in [0, 20)"},
+      {0, 0, {0, 1, 3, 3}, "keep[3] = 3"},
+      {0, 0, {0, 1, 20}, "keep[2] = 20"},
+      {0, 1, {0, 1, 4, 5}, "in [0, 5)"},  // the head holds 5 now
+      {0, 0, {-1, 0, 1}, "keep[0] = -1"},
+      {0, 0, {0, 2, 3}, "drops a sink token; allowed: lists that keep logical 0..1"},
+      {1, 1, {}, "drops a sink token"},
+      {2, 0, {0, 1}, "allowed: layers 0..1, kv heads 0..1"},
+      {0, -1, {0, 1}, "allowed: layers 0..1, kv heads 0..1"},
+  };
+  for (const Bad& b : bad) {
+    const absl::Status status = cache->RetainTokens(seq, b.layer_idx, b.kv_head, b.keep);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << b.message;
+    EXPECT_THAT(status.message(), HasSubstr(b.message));
+    EXPECT_EQ(status.message().find('\n'), std::string_view::npos);
+  }
+  EXPECT_EQ(cache->RetainTokens(seq + 100, 0, 0, Ids{0, 1}).code(),
+            absl::StatusCode::kInvalidArgument);
+  ExpectHolds(*cache, seq, history, model);
+  EXPECT_EQ(cache->pool().num_free(), num_free);
+  EXPECT_EQ(cache->bytes_in_use(), bytes);
+}
+
+// A fork shares the blocks every head has filled; retaining or appending in either sequence
+// afterwards never changes the other.
+TEST_P(EvictLayoutTest, ForksAreUnaffectedByEachOthersEvictions) {
+  std::unique_ptr<KvCache> cache = MakeCache({.layout = GetParam(), .codec = "fp8_e4m3"});
+  const SeqId parent = *cache->AddSequence();
+  std::mt19937 rng(51);
+  History parent_history;
+  Model parent_model = NewModel(*cache);
+  AppendBoth(*cache, parent, 20, rng, &parent_history, &parent_model);
+  // The parent has evicted before the fork: a head holding fewer tokens appends inside blocks
+  // that look full by NumTokens, so the fork must not share those.
+  ASSERT_TRUE(cache->RetainTokens(parent, 1, 0, Spread(20, 4, 0, 0)).ok());
+  parent_model.Retain(1, 0, Spread(20, 4, 0, 0));
+  const SeqId child = *cache->ForkSequence(parent);
+  History child_history = parent_history;
+  Model child_model = parent_model;
+  ExpectHolds(*cache, child, child_history, child_model);
+  ExpectBytesInUse(*cache, 2);
+  AppendBoth(*cache, child, 2, rng, &child_history, &child_model);
+  AppendBoth(*cache, parent, 1, rng, &parent_history, &parent_model);
+  ExpectHolds(*cache, parent, parent_history, parent_model);
+  ExpectHolds(*cache, child, child_history, child_model);
+
+  // A pure truncation (no row moves) in the child, then appends into its tail.
+  std::vector<int> prefix(5);
+  std::iota(prefix.begin(), prefix.end(), 0);
+  for (int layer_idx = 0; layer_idx < kNumLayers; ++layer_idx) {
+    for (int h = 0; h < kNumKvHeads; ++h) {
+      ASSERT_TRUE(cache->RetainTokens(child, layer_idx, h, prefix).ok());
+      child_model.Retain(layer_idx, h, prefix);
+    }
+  }
+  AppendBoth(*cache, child, 6, rng, &child_history, &child_model);
+  ExpectHolds(*cache, parent, parent_history, parent_model);
+  ExpectHolds(*cache, child, child_history, child_model);
+
+  // Moves in the parent and appends to both.
+  ASSERT_TRUE(cache->RetainTokens(parent, 0, 1, Ids{2, 3, 9, 20}).ok());
+  parent_model.Retain(0, 1, {2, 3, 9, 20});
+  AppendBoth(*cache, parent, 4, rng, &parent_history, &parent_model);
+  AppendBoth(*cache, child, 2, rng, &child_history, &child_model);
+  ExpectHolds(*cache, parent, parent_history, parent_model);
+  ExpectHolds(*cache, child, child_history, child_model);
+  ExpectBytesInUse(*cache, 2);
+
+  ASSERT_TRUE(cache->RemoveSequence(child).ok());
+  ASSERT_TRUE(cache->RemoveSequence(parent).ok());
+  EXPECT_EQ(cache->pool().num_free(), cache->pool().num_blocks());
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, EvictLayoutTest, ::testing::ValuesIn(kLayouts),
+                         [](const auto& info) { return info.param.name; });
+
+// ---- Paged specifics and refusals ---------------------------------------------------------
+
+// A retain in a fork first copies every shared block from the one holding the first row it
+// moves (those rows change, and the head's next appends write above its new count); the
+// parent keeps its bytes and trimmed blocks go back to the pool once nobody holds them.
+TEST(EvictPagedTest, CopiesSharedBlocksOnWriteAndFreesTrimmedOnes) {
+  std::unique_ptr<KvCache> cache = MakeCache({.layout = kLayouts[2], .codec = "f32"});  // paged3
+  const BlockPool& pool = cache->pool();
+  const SeqId parent = *cache->AddSequence();
+  std::mt19937 rng(61);
+  History history;
+  Model model = NewModel(*cache);
+  AppendBoth(*cache, parent, 18, rng, &history, &model);  // six full blocks
+  const SeqId child = *cache->ForkSequence(parent);
+  EXPECT_EQ(pool.num_blocks() - pool.num_free(), 6);  // all shared
+  // Keeping {0, 1, 2, 4} moves row 4 to row 3: blocks 1..5 get copies, block 0 stays shared.
+  ASSERT_TRUE(cache->RetainTokens(child, 0, 0, Ids{0, 1, 2, 4}).ok());
+  EXPECT_EQ(pool.num_blocks() - pool.num_free(), 11);
+  Model child_model = model;
+  child_model.Retain(0, 0, {0, 1, 2, 4});
+  // Every other head of the child down to 7 tokens: its copies of blocks 3..5 go back.
+  std::vector<int> seven(7);
+  std::iota(seven.begin(), seven.end(), 0);
+  for (const auto& [layer_idx, h] : {std::pair(0, 1), std::pair(1, 0), std::pair(1, 1)}) {
+    ASSERT_TRUE(cache->RetainTokens(child, layer_idx, h, seven).ok());
+    child_model.Retain(layer_idx, h, seven);
+  }
+  EXPECT_EQ(cache->NumTokens(child), 7);
+  EXPECT_EQ(pool.num_blocks() - pool.num_free(), 8);
+  History child_history = history;
+  AppendBoth(*cache, child, 2, rng, &child_history, &child_model);
+  ExpectHolds(*cache, parent, history, model);
+  ExpectHolds(*cache, child, child_history, child_model);
+  ExpectBytesInUse(*cache, 2);
+  // The parent down to one token: it copies block 0 (its next append writes row 1 there) and
+  // frees blocks 1..5, which only it held.
+  for (int layer_idx = 0; layer_idx < kNumLayers; ++layer_idx) {
+    for (int h = 0; h < kNumKvHeads; ++h) {
+      ASSERT_TRUE(cache->RetainTokens(parent, layer_idx, h, Ids{0}).ok());
+      model.Retain(layer_idx, h, {0});
+    }
+  }
+  EXPECT_EQ(pool.num_blocks() - pool.num_free(), 4);  // parent: 0'; child: 0, 1', 2'
+  AppendBoth(*cache, parent, 2, rng, &history, &model);
+  ExpectHolds(*cache, parent, history, model);
+  ExpectHolds(*cache, child, child_history, child_model);
+  ExpectBytesInUse(*cache, 2);
+}
+
+TEST(EvictRefusalTest, MultiTokenUnitsAndRecentWindowsCannotEvict) {
+  struct Refused {
+    CacheCase c;
+    std::string message;
+  };
+  const LayoutCase paged = kLayouts[1];
+  const std::vector<Refused> refused = {
+      {{.layout = paged, .codec = "kivi4-g8", .v_codec = "f16"},
+       "codec 'kivi4-g8' (layer 0 keys) encodes 8 tokens per unit, which cannot leave one at a "
+       "time; allowed: codecs with one-token units"},
+      {{.layout = paged, .codec = "f16", .v_codec = "int4-g16"},
+       "codec 'int4-g16' (layer 0 values) encodes 2 tokens per unit"},
+      {{.layout = kLayouts[0], .codec = "f16", .recent_tokens = 4},
+       "recent_tokens 4: the recent window holds the newest tokens in F32 until whole units "
+       "fill, so they cannot leave one at a time; allowed: recent_tokens 0"},
+  };
+  for (const Refused& r : refused) {
+    auto cache = TryMakeCache(r.c);
+    ASSERT_TRUE(cache.ok()) << cache.status();
+    const absl::Status can = (*cache)->CheckCanEvict();
+    EXPECT_EQ(can.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(can.message(), HasSubstr(r.message));
+    const SeqId seq = *(*cache)->AddSequence();
+    std::mt19937 rng(71);
+    History history;
+    Append(**cache, seq, 20, rng, &history);
+    const KvLayerView before = (*cache)->View(seq, 0);
+    const size_t bytes = (*cache)->bytes_in_use();
+    const absl::Status status = (*cache)->RetainTokens(seq, 0, 0, Ids{0, 5});
+    EXPECT_EQ(status, can);
+    EXPECT_EQ((*cache)->NumTokens(seq), 20);
+    EXPECT_EQ((*cache)->HeadTokens(seq, 0, 0), 20);
+    EXPECT_EQ((*cache)->bytes_in_use(), bytes);
+    EXPECT_EQ((*cache)->View(seq, 0).pending.begin, before.pending.begin);
+  }
+}
+
+// The low-rank codec has a basis per kv head: rows moved as bytes and rewritten keys must
+// both decode with their own head's basis.
+TEST(EvictLowRankTest, RewrittenKeysUseTheirHeadsBasis) {
+  std::unique_ptr<KvCache> cache = MakeCache({.layout = kLayouts[1], .codec = "lowrank-r4"});
+  const SeqId seq = *cache->AddSequence();
+  std::mt19937 rng(81);
+  History history;
+  Model model = NewModel(*cache);
+  AppendBoth(*cache, seq, 12, rng, &history, &model);
+  const std::vector<int> ids = model.ids[0][1];
+  const auto identity = [&](int old_index, int, std::span<float> key) {
+    const std::vector<float> want =
+        Stored(cache->k_codec(0), 1, history.KRow(0, ids[old_index], 1, kDim), false, false);
+    for (int c = 0; c < kDim; ++c) EXPECT_FLOAT_EQ(key[c], want[c]);
+  };
+  ASSERT_TRUE(cache->RetainTokens(seq, 0, 1, Ids{1, 5, 11}, identity).ok());
+  model.Retain(0, 1, {1, 5, 11});
+  // Re-encoding a decoded low-rank key gives it back up to rounding.
+  const KvLayerView view = cache->View(seq, 0);
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<float> k = ReadToken(view, 1, i).first;
+    const std::vector<float> want =
+        Stored(cache->k_codec(0), 1, history.KRow(0, model.ids[0][1][i], 1, kDim), false, false);
+    for (int c = 0; c < kDim; ++c) EXPECT_NEAR(k[c], want[c], 1e-3 * (1 + std::fabs(want[c])));
+  }
+}
+
+}  // namespace
+}  // namespace kvstack
