@@ -133,6 +133,11 @@ void BM_Decode(benchmark::State& state, int num_kv_heads, int num_heads, int hea
   state.SetBytesProcessed(static_cast<int64_t>(bytes));
   state.counters["bw_fraction"] =
       benchmark::Counter(bytes / Bandwidth()[num_threads], benchmark::Counter::kIsRate);
+  // Seconds per token and kv head for one thread (ComputeB: one thread, so the rate is per CPU
+  // second): what the readers cost in arithmetic when the cache sits in the caches.
+  state.counters["per_token_head"] = benchmark::Counter(
+      static_cast<double>(cache.view.num_tokens) * num_kv_heads / num_threads,
+      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
 // One row of the scores-cost table: fastest step without and with scores.
@@ -219,6 +224,12 @@ void RegisterAll(bool long_contexts) {
       for (int tokens : {32768, 65536}) b->Args({tokens, kThreadsB});
     }
     b->UseRealTime()->Unit(benchmark::kMicrosecond);
+    // One thread over a cache that stays in the caches (4 MiB in bf16): what the readers cost
+    // in arithmetic, timed in CPU time so that a loaded machine disturbs it less.
+    benchmark::RegisterBenchmark((std::string("ComputeB/") + codec).c_str(), BM_Decode, 8, 32, 128,
+                                 std::string(codec), false)
+        ->Args({1024, 1})
+        ->Unit(benchmark::kMicrosecond);
   }
   // Scores: the foundation shape (A) and shape B, the float codec and int4.
   const struct {

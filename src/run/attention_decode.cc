@@ -1,0 +1,296 @@
+// The flash-decoding kernel behind Attention() for one query token (src/run/attention.h),
+// compiled for every Highway target and picked at run time.
+//
+// A view holds up to three sources of tokens: F32 sinks, the encoded arena and F32 pending
+// tokens. Decode treats each non-empty source (and each chunk of the arena) as one split-K
+// partial and merges them. Per tile of keys, a "fill" step finds where each key's and value's
+// bytes are (or, for codecs without a fast path, decodes them into per-thread scratch with the
+// codec's own Decode) and a reader (attention_readers-inl.h) scores or accumulates them,
+// dequantising in registers. With AttentionScores, each tile's logits are kept and turned into
+// probabilities once the merge knows every head's max and sum.
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <utility>
+#include <vector>
+
+#include "run/attention.h"
+#include "run/attention_kernels.h"
+
+// SSSE3 machines fall back to the portable EMU128 build; compiling one target fewer keeps the
+// readers x kernels affordable to build.
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS HWY_SSSE3
+#endif
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "run/attention_decode.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+// Order matters: foreach_target.h must come before highway.h.
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+#include "run/attention_readers-inl.h"
+#include "run/attention_rows-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace kvstack {
+namespace HWY_NAMESPACE {
+namespace {
+
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+
+// One decode task: keys [begin, end) of one source of kv head `kv_head` against the `group`
+// query heads that share it. Leaves the unnormalised partial result in `state` and, when
+// `logits` is not null, each key's scaled score (logits[j * logit_stride + t], t in
+// [begin, end)) for the attention scores of selection policies:
+//   q:      [group, head_dim] (already scaled and rotated)
+//   state:  [group, head_dim + 2]: acc[head_dim], running max, running sum
+//   logits: [group, logit_stride] or null
+template <class D>
+void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec& v_side,
+                 int kv_head, int begin, int end, const float* HWY_RESTRICT q, int group,
+                 float* HWY_RESTRICT state, float* HWY_RESTRICT logits, size_t logit_stride) {
+  const DF df;
+  const size_t nf = hn::Lanes(df);
+  const size_t nd = hn::Lanes(D());
+  const size_t head_dim = static_cast<size_t>(view.head_dim);
+  const size_t state_stride = head_dim + 2;
+  // Scores padded to whole vectors with -inf, so that max/exp/sum need no scalar tail.
+  const size_t s_stride = (kDecodeTile + nf - 1) / nf * nf;
+  float* s = Scratch(kSlotScores, static_cast<size_t>(group) * s_stride);  // [group, s_stride]
+  const ScoreFn score = ScoreFor<D>(k_side.reader);
+  const AccumulateFn accumulate = AccumulateFor<D>(v_side.reader);
+  RowSet keys, values;
+  for (int j = 0; j < group; ++j) {
+    float* st = state + j * state_stride;
+    std::fill(st, st + head_dim, 0.0f);
+    st[head_dim] = kNegInf;   // running max
+    st[head_dim + 1] = 0.0f;  // running sum
+  }
+
+  for (int t0 = begin; t0 < end; t0 += kDecodeTile) {
+    const int t1 = std::min(end, t0 + kDecodeTile);
+    const size_t num_keys = static_cast<size_t>(t1 - t0);
+    FillRows(view, k_side, true, kv_head, t0, t1, &keys);
+    FillRows(view, v_side, false, kv_head, t0, t1, &values);
+    score(keys, values, num_keys, q, group, head_dim, s, s_stride);
+    if (logits != nullptr) {  // once per tile: the no-scores path pays one branch per tile
+      for (int j = 0; j < group; ++j) {
+        std::memcpy(logits + j * logit_stride + t0, s + j * s_stride, num_keys * sizeof(float));
+      }
+    }
+    // Softmax of the tile, folded into the running state.
+    const size_t padded = (num_keys + nf - 1) / nf * nf;
+    for (int j = 0; j < group; ++j) {
+      float* sj = s + j * s_stride;
+      float* st = state + j * state_stride;
+      for (size_t i = num_keys; i < padded; ++i) sj[i] = kNegInf;
+      auto vmax = hn::Set(df, kNegInf);
+      for (size_t i = 0; i < padded; i += nf) vmax = hn::Max(vmax, hn::LoadU(df, sj + i));
+      const float tile_max = hn::GetLane(hn::MaxOfLanes(df, vmax));
+      const float new_max = std::max(st[head_dim], tile_max);
+      const auto vnew_max = hn::Set(df, new_max);
+      auto vsum = hn::Zero(df);
+      for (size_t i = 0; i < padded; i += nf) {
+        const auto p = hn::Exp(df, hn::Sub(hn::LoadU(df, sj + i), vnew_max));
+        hn::StoreU(p, df, sj + i);
+        vsum = hn::Add(vsum, p);
+      }
+      // exp(-inf) == 0 on the first tile, where the accumulator is still empty.
+      const float alpha = std::exp(st[head_dim] - new_max);
+      if (alpha != 1.0f) {
+        for (size_t i = 0; i < head_dim; ++i) st[i] *= alpha;
+      }
+      st[head_dim + 1] = st[head_dim + 1] * alpha + hn::GetLane(hn::SumOfLanes(df, vsum));
+      st[head_dim] = new_max;
+    }
+    accumulate(values, num_keys, s, s_stride, group, head_dim, state, state_stride);
+  }
+  if (IsSplitReader(v_side.reader)) {  // accumulated in split order: back to element order
+    float* row = Scratch(kSlotSplitQuery, head_dim);
+    const size_t parts = 8 / ReaderBits(v_side.reader);
+    for (int j = 0; j < group; ++j) {
+      float* st = state + j * state_stride;
+      std::copy(st, st + head_dim, row);
+      for (size_t pos = 0; pos < head_dim; ++pos) st[SplitElement(pos, nd, parts)] = row[pos];
+    }
+  }
+}
+
+// The decode step's attention scores, from the logits the score pass kept and each query
+// head's final max and softmax sum: p = exp(logit - max) / sum per (head, token), aggregated
+// over the group and added into scores->out. One task per kv head (they write disjoint rows).
+//   logits: [num_heads][logit_stride]; head_max, head_inv_sum: [num_heads]
+void AddDecodeScores(const float* logits, size_t logit_stride, const float* head_max,
+                     const float* head_inv_sum, int num_kv_heads, int group, int num_tokens,
+                     const AttentionScores& scores, ThreadPool* pool) {
+  const DF df;
+  const size_t n = hn::Lanes(df);
+  const bool use_max = scores.aggregation == ScoreAggregation::kMax;
+  const float group_weight = use_max ? 1.0f : 1.0f / static_cast<float>(group);
+  RunTasks(pool, num_kv_heads, [&](int64_t kv_head, int /*thread_idx*/) {
+    float* row = scores.out + kv_head * static_cast<int64_t>(scores.stride);
+    const int first_head = static_cast<int>(kv_head) * group;
+    size_t t = 0;
+    for (; t + n <= static_cast<size_t>(num_tokens); t += n) {
+      auto agg = hn::Zero(df);
+      for (int head = first_head; head < first_head + group; ++head) {
+        const auto logit = hn::LoadU(df, logits + head * logit_stride + t);
+        const auto p = hn::Mul(hn::Exp(df, hn::Sub(logit, hn::Set(df, head_max[head]))),
+                               hn::Set(df, head_inv_sum[head]));
+        agg = use_max ? hn::Max(agg, p) : hn::Add(agg, p);
+      }
+      hn::StoreU(hn::MulAdd(agg, hn::Set(df, group_weight), hn::LoadU(df, row + t)), df, row + t);
+    }
+    for (; t < static_cast<size_t>(num_tokens); ++t) {
+      float agg = 0.0f;
+      for (int j = 0; j < group; ++j) {
+        const int head = first_head + j;
+        const float p =
+            std::exp(logits[head * logit_stride + t] - head_max[head]) * head_inv_sum[head];
+        agg = use_max ? std::max(agg, p) : agg + p;
+      }
+      row[t] += agg * group_weight;
+    }
+  });
+}
+
+template <class D>
+void DecodeImpl(const KvLayerView& view, const float* q, const AttentionParams& params, float* out,
+                ThreadPool* pool, const AttentionScores* scores) {
+  const int num_threads = pool == nullptr ? 1 : pool->num_threads();
+  const int num_kv_heads = view.num_kv_heads;
+  const int group = params.num_heads / num_kv_heads;
+  const size_t head_dim = static_cast<size_t>(view.head_dim);
+  const size_t lanes = hn::Lanes(D());
+  const SideSpec k_arena = ArenaSide(view, view.k, true, lanes);
+  const SideSpec v_arena = ArenaSide(view, view.v, false, lanes);
+  SideSpec sinks, pending;
+  sinks.fill = FillKind::kSinks;
+  pending.fill = FillKind::kPending;
+
+  // Split-K partials: the sinks, chunks of the arena, the pending tokens. Arena chunks start
+  // on unit boundaries of both arenas, so no unit is read by two tasks.
+  const int arena_begin = view.arena_begin(), arena_end = view.arena_end();
+  const int num_arena = arena_end - arena_begin;
+  const int align = std::lcm(std::max(1, view.k.group_tokens), std::max(1, view.v.group_tokens));
+  const int wanted_chunks = (kTasksPerThread * num_threads + num_kv_heads - 1) / num_kv_heads;
+  const int max_chunks = (num_arena + kMinDecodeChunk - 1) / kMinDecodeChunk;
+  const int num_chunks = std::max(1, std::min(wanted_chunks, max_chunks));
+  const int chunk_len = ((num_arena + num_chunks - 1) / num_chunks + align - 1) / align * align;
+  std::vector<std::pair<FillKind, std::pair<int, int>>> ranges;
+  if (view.sinks.end > 0) ranges.push_back({FillKind::kSinks, {0, view.sinks.end}});
+  for (int c = 0; c < num_chunks; ++c) {
+    // Boundaries on absolute multiples of the unit length (the first may sit mid-unit).
+    const int b =
+        c == 0 ? arena_begin : std::min(arena_end, (arena_begin + c * chunk_len) / align * align);
+    const int e = c == num_chunks - 1
+                      ? arena_end
+                      : std::min(arena_end, (arena_begin + (c + 1) * chunk_len) / align * align);
+    if (b < e) ranges.push_back({FillKind::kDirect, {b, e}});
+  }
+  if (arena_end < view.num_tokens)
+    ranges.push_back({FillKind::kPending, {arena_end, view.num_tokens}});
+  const int num_parts = static_cast<int>(ranges.size());
+  const int num_tasks = num_kv_heads * num_parts;
+
+  const size_t state_stride = head_dim + 2;
+  const size_t q_floats = static_cast<size_t>(params.num_heads) * head_dim;
+  // With scores: every head's logits, whole vectors apart, and its final max and 1 / sum.
+  const size_t logit_stride =
+      scores == nullptr ? 0 : (static_cast<size_t>(view.num_tokens) + 15) / 16 * 16;
+  const size_t logit_floats = logit_stride * params.num_heads;
+  const size_t stat_floats = scores == nullptr ? 0 : 2 * static_cast<size_t>(params.num_heads);
+  thread_local std::vector<float> call_scratch;
+  call_scratch.resize(q_floats + static_cast<size_t>(num_tasks) * group * state_stride +
+                      logit_floats + stat_floats);
+  float* q_scaled = call_scratch.data();
+  float* states = q_scaled + q_floats;
+  float* logits = scores == nullptr ? nullptr : states + num_tasks * group * state_stride;
+  float* head_max = logits + logit_floats;
+  float* head_inv_sum = head_max + params.num_heads;
+  PrepareQueries(view, q, params.num_heads, params.scale, q_scaled);
+
+  auto task = [&](int64_t task_idx, int /*thread_idx*/) {
+    const int kv_head = static_cast<int>(task_idx / num_parts);
+    const auto& [source, range] = ranges[task_idx % num_parts];
+    const SideSpec& k_side = source == FillKind::kSinks     ? sinks
+                             : source == FillKind::kPending ? pending
+                                                            : k_arena;
+    const SideSpec& v_side = source == FillKind::kSinks     ? sinks
+                             : source == FillKind::kPending ? pending
+                                                            : v_arena;
+    float* state = states + static_cast<size_t>(task_idx) * group * state_stride;
+    DecodeChunk<D>(view, k_side, v_side, kv_head, range.first, range.second,
+                   q_scaled + static_cast<size_t>(kv_head) * group * head_dim, group, state,
+                   logits == nullptr ? nullptr : logits + kv_head * group * logit_stride,
+                   logit_stride);
+  };
+  RunTasks(pool, num_tasks, task);
+
+  // Merge the partials of each query head: rescale each to the common max.
+  for (int kv_head = 0; kv_head < num_kv_heads; ++kv_head) {
+    for (int j = 0; j < group; ++j) {
+      const float* first =
+          states + (static_cast<size_t>(kv_head) * num_parts * group + j) * state_stride;
+      const size_t part_stride = static_cast<size_t>(group) * state_stride;
+      float global_max = kNegInf;
+      for (int c = 0; c < num_parts; ++c) {
+        global_max = std::max(global_max, first[c * part_stride + head_dim]);
+      }
+      float* o = out + (static_cast<size_t>(kv_head) * group + j) * head_dim;
+      std::fill(o, o + head_dim, 0.0f);
+      float denom = 0.0f;
+      for (int c = 0; c < num_parts; ++c) {
+        const float* st = first + c * part_stride;
+        const float w = std::exp(st[head_dim] - global_max);
+        if (w == 0.0f) continue;
+        denom += w * st[head_dim + 1];
+        for (size_t i = 0; i < head_dim; ++i) o[i] += w * st[i];
+      }
+      const float inv = 1.0f / denom;
+      for (size_t i = 0; i < head_dim; ++i) o[i] *= inv;
+      if (scores != nullptr) {
+        head_max[kv_head * group + j] = global_max;
+        head_inv_sum[kv_head * group + j] = inv;
+      }
+    }
+  }
+  if (scores != nullptr) {
+    AddDecodeScores(logits, logit_stride, head_max, head_inv_sum, num_kv_heads, group,
+                    view.num_tokens, *scores, pool);
+  }
+}
+
+}  // namespace
+
+// The one runtime switch over the vector width; codecs are chosen per tile.
+void DecodeKernel(const KvLayerView& view, const float* q, const AttentionParams& params,
+                  float* out, ThreadPool* pool, const AttentionScores* scores) {
+  const size_t head_dim = static_cast<size_t>(view.head_dim);
+  const DF df;
+  if (head_dim % hn::Lanes(df) == 0) return DecodeImpl<DF>(view, q, params, out, pool, scores);
+  if (head_dim % 4 == 0) {
+    return DecodeImpl<hn::CappedTag<float, 4>>(view, q, params, out, pool, scores);
+  }
+  DecodeImpl<hn::CappedTag<float, 1>>(view, q, params, out, pool, scores);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace kvstack
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kvstack {
+
+HWY_EXPORT(DecodeKernel);
+
+void DecodeAttention(const KvLayerView& view, const float* q, const AttentionParams& params,
+                     float* out, ThreadPool* pool, const AttentionScores* scores) {
+  HWY_DYNAMIC_DISPATCH(DecodeKernel)(view, q, params, out, pool, scores);
+}
+
+}  // namespace kvstack
+#endif  // HWY_ONCE

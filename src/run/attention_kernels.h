@@ -1,0 +1,22 @@
+// The attention kernels behind Attention() (src/run/attention.h), one per shape of work, each
+// compiled for every Highway target and dispatched at run time. Internal to src/run: callers
+// use Attention(), which checks the arguments these assume.
+#pragma once
+
+#include "base/thread_pool.h"
+#include "kvstack/kv_view.h"
+#include "run/attention.h"
+
+namespace kvstack {
+
+// One query token (the last logical token of the view), split over the keys across threads
+// (flash-decoding). attention_decode.cc.
+void DecodeAttention(const KvLayerView& view, const float* q, const AttentionParams& params,
+                     float* out, ThreadPool* pool, const AttentionScores* scores);
+
+// num_queries > 1 query tokens, tiled over queries and keys. attention_prefill.cc.
+void PrefillAttention(const KvLayerView& view, const float* q, int num_queries,
+                      const AttentionParams& params, float* out, ThreadPool* pool,
+                      const AttentionScores* scores);
+
+}  // namespace kvstack

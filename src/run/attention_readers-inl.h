@@ -1,0 +1,701 @@
+// Per-target decode readers (included by attention_decode.cc inside its foreach_target pass):
+// where a tile's keys and values are (FillRows), which reader each arena's storage format takes
+// (ArenaSide), and the readers themselves, specialised at compile time per format: scores of
+// four key rows against up to four query heads at a time, and weighted sums of value rows into
+// accumulators that stay in registers, dequantising in registers. Key and value readers are
+// chosen independently per tile, so every (key codec, value codec) pair gets both fast paths
+// without instantiating the pairs.
+
+#include "run/attention_rows-inl.h"
+
+#if defined(KVSTACK_RUN_ATTENTION_READERS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef KVSTACK_RUN_ATTENTION_READERS_INL_H_
+#undef KVSTACK_RUN_ATTENTION_READERS_INL_H_
+#else
+#define KVSTACK_RUN_ATTENTION_READERS_INL_H_
+#endif
+
+#include "hwy/cache_control.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace kvstack {
+namespace HWY_NAMESPACE {
+namespace {
+
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+
+// Keys per score tile (scores of one tile stay in L1 between the passes) and the smallest
+// chunk of keys worth a task of its own.
+constexpr int kDecodeTile = 256;
+constexpr int kMinDecodeChunk = 256;
+constexpr size_t kPrefetchAhead = 16;  // keys
+constexpr size_t kCacheLine = 64;
+// Integer-group readers keep a row's (scale, min) pairs as floats on the stack: at most this
+// many floats (16 groups). Rows with more groups take the generic path.
+constexpr int kMaxHeaderFloats = 32;
+
+// An F16 scalar (headers and row scales).
+float LoadF16Scalar(const std::byte* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, sizeof(bits));
+  return F16ToF32(bits);
+}
+
+// Where the keys (or values) of one tile are: rows[i] is the data of tile key i in the reader's
+// format, hdrs[i] its header (integer groups and KIVI units). Padded to a multiple of 4 keys by
+// repeating the last key.
+struct RowSet {
+  const std::byte* rows[kDecodeTile];
+  const std::byte* hdrs[kDecodeTile];
+  int group_elems = 0;         // kInt4/kInt2: elements per (scale, min) pair within a row
+  int num_header_floats = 0;   // kInt4/kInt2: 2 * groups per row
+  size_t prefetch_bytes = 0;   // bytes worth prefetching per row (0: do not prefetch)
+  bool absmax_header = false;  // header holds one f16 d per group: (scale, min) = (d, -8 d)
+};
+
+// How a tile's keys or values are found and read.
+enum class FillKind {
+  kDirect,   // T = 1 rows read in place (floats, int8, per-token integer groups)
+  kSpanned,  // integer groups spanning T > 1 tokens: header = unit, codes = the token's slice
+  kKivi,     // KIVI keys: header = unit (per-channel pairs), codes = the token's slice
+  kDecoded,  // any other codec: decoded into scratch, read as F32
+  kSinks,    // F32 segment rows
+  kPending,
+};
+
+// Everything a decode task needs to read one side (keys or values).
+struct SideSpec {
+  FillKind fill = FillKind::kDecoded;
+  Reader reader = Reader::kF32;
+  const KvArenaView* arena = nullptr;
+  size_t code_offset = 0;     // bytes from the unit start to the codes (integer groups)
+  size_t row_code_bytes = 0;  // code bytes per token (spanned / KIVI)
+  int group_elems = 0;
+  int num_header_floats = 0;
+  bool absmax_header = false;  // q4_absmax: one f16 d per group, meaning (d, -8 d)
+};
+
+// Fills rows[0, t1 - t0) for one side, padded to a multiple of 4 with the last row.
+void FillRows(const KvLayerView& view, const SideSpec& side, bool keys, int kv_head, int t0, int t1,
+              RowSet* set) {
+  const int num_keys = t1 - t0;
+  const size_t head_dim = static_cast<size_t>(view.head_dim);
+  set->group_elems = side.group_elems;
+  set->num_header_floats = side.num_header_floats;
+  set->absmax_header = side.absmax_header;
+  set->prefetch_bytes = 0;
+  switch (side.fill) {
+    case FillKind::kSinks:
+    case FillKind::kPending: {
+      const KvF32Segment& seg = side.fill == FillKind::kSinks ? view.sinks : view.pending;
+      for (int t = t0; t < t1; ++t) {
+        const float* row =
+            keys ? seg.KRow(t, kv_head, view.head_dim) : seg.VRow(t, kv_head, view.head_dim);
+        set->rows[t - t0] = reinterpret_cast<const std::byte*>(row);
+      }
+      break;
+    }
+    case FillKind::kDecoded: {
+      float* buffer = Scratch(keys ? kSlotKeys : kSlotValues, kDecodeTile * head_dim);
+      DecodeArenaTokens(view, *side.arena, kv_head, t0, t1, buffer);
+      for (int i = 0; i < num_keys; ++i) {
+        set->rows[i] = reinterpret_cast<const std::byte*>(buffer + i * head_dim);
+      }
+      break;
+    }
+    case FillKind::kDirect:
+    case FillKind::kSpanned:
+    case FillKind::kKivi: {
+      const KvArenaView& arena = *side.arena;
+      const int group_tokens = arena.group_tokens;
+      set->prefetch_bytes = group_tokens == 1 ? arena.unit_bytes : side.row_code_bytes;
+      view.ForEachRun(t0, t1, [&](int logical, int count, int32_t block_id, int row) {
+        if (group_tokens == 1) {  // rows one unit apart: no division per row
+          const std::byte* unit = arena.Unit(block_id, row, kv_head);
+          const std::byte** hdrs = set->hdrs + (logical - t0);
+          const std::byte** rows = set->rows + (logical - t0);
+          for (int r = 0; r < count; ++r, unit += arena.unit_bytes) {
+            hdrs[r] = unit;
+            rows[r] = unit + side.code_offset;
+          }
+          return;
+        }
+        for (int r = 0; r < count; ++r) {
+          const int slot_row = row + r;
+          const std::byte* unit = arena.Unit(block_id, slot_row / group_tokens, kv_head);
+          const int i = logical - t0 + r;
+          set->hdrs[i] = unit;
+          set->rows[i] = unit + side.code_offset +
+                         static_cast<size_t>(slot_row % group_tokens) * side.row_code_bytes;
+        }
+      });
+      break;
+    }
+  }
+  const int num_keys4 = (num_keys + 3) / 4 * 4;
+  for (int i = num_keys; i < num_keys4; ++i) {
+    set->rows[i] = set->rows[num_keys - 1];
+    set->hdrs[i] = set->hdrs[num_keys - 1];
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decode readers.
+
+// Stores the sum of the 128-bit blocks of v (4 lanes) to out[0, 4).
+// (The one-lane HWY_SCALAR target has no block operations; it never needs them.)
+#if HWY_TARGET != HWY_SCALAR
+template <class D, class V>
+HWY_INLINE void StoreSumOfBlocks(D d, V v, float* HWY_RESTRICT out) {
+  if constexpr (hn::MaxLanes(D()) > 4) {
+    const hn::Half<D> dh;
+    StoreSumOfBlocks(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)), out);
+  } else {
+    hn::StoreU(v, d, out);
+  }
+}
+#endif
+
+// out[0..4) = the lane sums of a, b, c, e: four horizontal sums for the price of about one,
+// by transposing pairs of lanes within each 128-bit block.
+template <class D, class V>
+HWY_INLINE void SumOfLanes4(D d, V a, V b, V c, V e, float* HWY_RESTRICT out) {
+  if constexpr (hn::MaxLanes(D()) == 1) {
+    out[0] = hn::GetLane(a);
+    out[1] = hn::GetLane(b);
+    out[2] = hn::GetLane(c);
+    out[3] = hn::GetLane(e);
+  } else {
+#if HWY_TARGET != HWY_SCALAR
+    // Per block: [a0+a2, b0+b2, a1+a3, b1+b3] and the same for c, e.
+    const V ab = hn::Add(hn::InterleaveLower(d, a, b), hn::InterleaveUpper(d, a, b));
+    const V ce = hn::Add(hn::InterleaveLower(d, c, e), hn::InterleaveUpper(d, c, e));
+    const hn::Repartition<uint64_t, D> du64;
+    const auto ab64 = hn::BitCast(du64, ab), ce64 = hn::BitCast(du64, ce);
+    const V lo = hn::BitCast(d, hn::InterleaveLower(du64, ab64, ce64));
+    const V hi = hn::BitCast(d, hn::InterleaveUpper(du64, ab64, ce64));
+    StoreSumOfBlocks(d, hn::Add(lo, hi), out);
+#endif
+  }
+}
+
+// The header floats of a row of an integer-group reader: (scale, min) pairs.
+// (F16 conversions in vectors: the software scalar one would cost more than the row.)
+template <Reader kR>
+HWY_INLINE void LoadHeader(const RowSet& set, size_t key, float* HWY_RESTRICT hf) {
+  if constexpr (kR == Reader::kInt4 || kR == Reader::kInt2 || kR == Reader::kInt4S) {
+    const std::byte* hdr = set.hdrs[key];
+    if (set.absmax_header) {
+      for (int g = 0; g < set.num_header_floats / 2; ++g) {
+        const float d = LoadF16Scalar(hdr + g * sizeof(uint16_t));
+        hf[2 * g] = d;
+        hf[2 * g + 1] = -8.0f * d;
+      }
+      return;
+    }
+    const hn::CappedTag<float, 4> d4;
+    const hn::Rebind<hwy::float16_t, decltype(d4)> d16;
+    int i = 0;
+    for (; i + 4 <= set.num_header_floats; i += 4) {
+      hn::StoreU(
+          hn::PromoteTo(d4, hn::LoadU(d16, reinterpret_cast<const hwy::float16_t*>(hdr) + i)), d4,
+          hf + i);
+    }
+    for (; i < set.num_header_floats; ++i) hf[i] = LoadF16Scalar(hdr + i * sizeof(uint16_t));
+  }
+}
+
+// Scores of four key rows against kNumQ query heads: s[j * s_stride + key] = q_j . k_key.
+//   q: [kNumQ, head_dim] (already scaled)
+template <int kNumQ, Reader kK, class D>
+HWY_INLINE void ScoreFourRows(D d, const RowSet& keys, size_t key0, const float* HWY_RESTRICT q,
+                              size_t head_dim, float* HWY_RESTRICT s, size_t s_stride) {
+  const size_t n = hn::Lanes(d);
+  float hf[4][kMaxHeaderFloats];
+  const std::byte* rows[4];
+  HWY_UNROLL(4)
+  for (int key = 0; key < 4; ++key) {
+    rows[key] = keys.rows[key0 + key];
+    LoadHeader<kK>(keys, key0 + key, hf[key]);
+  }
+  constexpr bool kGroups = kK == Reader::kInt4 || kK == Reader::kInt2 || kK == Reader::kInt4S;
+  // Loops over the (scale, min) groups, then their vectors: no division in the hot loop.
+  const size_t group_elems = kGroups ? static_cast<size_t>(keys.group_elems) : head_dim;
+  hn::Vec<D> acc[kNumQ][4];
+  HWY_UNROLL(8)
+  for (int j = 0; j < kNumQ; ++j) {
+    HWY_UNROLL(8)
+    for (int key = 0; key < 4; ++key) acc[j][key] = hn::Zero(d);
+  }
+  for (size_t g0 = 0, g = 0; g0 < head_dim; g0 += group_elems, ++g) {
+    hn::Vec<D> scale[4], min[4];
+    HWY_UNROLL(4)
+    for (int key = 0; key < 4; ++key) {
+      scale[key] = kGroups ? hn::Set(d, hf[key][2 * g]) : hn::Zero(d);
+      min[key] = kGroups ? hn::Set(d, hf[key][2 * g + 1]) : hn::Zero(d);
+    }
+    if constexpr (IsSplitReader(kK)) {
+      constexpr int kBits = ReaderBits(kK);
+      constexpr int kParts = 8 / kBits;
+      for (size_t b0 = g0; b0 < g0 + group_elems; b0 += kParts * n) {
+        hn::Vec<hn::Rebind<int32_t, D>> x[4];
+        HWY_UNROLL(4)
+        for (int key = 0; key < 4; ++key) x[key] = LoadSplitBlock<kBits>(d, rows[key], b0);
+        HWY_UNROLL(4)
+        for (int r = 0; r < kParts; ++r) {
+          hn::Vec<D> k[4];
+          HWY_UNROLL(4)
+          for (int key = 0; key < 4; ++key) {
+            k[key] = SplitPart<kBits>(d, x[key], r);
+            if constexpr (kGroups) k[key] = hn::MulAdd(k[key], scale[key], min[key]);
+          }
+          HWY_UNROLL(8)
+          for (int j = 0; j < kNumQ; ++j) {
+            const auto qv = hn::LoadU(d, q + j * head_dim + b0 + r * n);
+            HWY_UNROLL(8)
+            for (int key = 0; key < 4; ++key) acc[j][key] = hn::MulAdd(qv, k[key], acc[j][key]);
+          }
+        }
+      }
+    } else {
+      for (size_t i = g0; i < g0 + group_elems; i += n) {
+        hn::Vec<D> k[4];
+        HWY_UNROLL(8)
+        for (int key = 0; key < 4; ++key) {
+          k[key] = LoadRow<kK>(d, rows[key], i, scale[key], min[key]);
+        }
+        HWY_UNROLL(8)
+        for (int j = 0; j < kNumQ; ++j) {
+          const auto qv = hn::LoadU(d, q + j * head_dim + i);
+          HWY_UNROLL(8)
+          for (int key = 0; key < 4; ++key) acc[j][key] = hn::MulAdd(qv, k[key], acc[j][key]);
+        }
+      }
+    }
+  }
+  HWY_UNROLL(8)
+  for (int j = 0; j < kNumQ; ++j) {
+    SumOfLanes4(d, acc[j][0], acc[j][1], acc[j][2], acc[j][3], s + j * s_stride);
+  }
+  if constexpr (IsRowScaled(kK)) {
+    HWY_UNROLL(4)
+    for (int key = 0; key < 4; ++key) {
+      const float scale = LoadF16Scalar(rows[key]);
+      for (int j = 0; j < kNumQ; ++j) s[j * s_stride + key] *= scale;
+    }
+  }
+}
+
+// Query heads per scoring step: the accumulators of 4 heads x 4 keys fit in the 32 vector
+// registers of AVX-512, and each key element is then converted once per 4 heads.
+#if HWY_TARGET <= HWY_AVX3
+constexpr int kScoreHeadStep = 4;
+#else
+constexpr int kScoreHeadStep = 2;
+#endif
+
+// Runs fn(j, num_q) over the query heads of a group in steps of kMaxStep (4 or 2), 2 and 1,
+// so that each key or value element is converted once per step of heads.
+template <int kMaxStep, class Fn>
+HWY_INLINE void ForEachHeadStep(int group, Fn&& fn) {
+  int j = 0;
+  if constexpr (kMaxStep == 4) {
+    for (; j + 4 <= group; j += 4) fn(j, std::integral_constant<int, 4>());
+  }
+  for (; j + 2 <= group; j += 2) fn(j, std::integral_constant<int, 2>());
+  for (; j < group; ++j) fn(j, std::integral_constant<int, 1>());
+}
+
+// Requests the rows kPrefetchAhead keys past `key` (keys and values both: the value pass then
+// reads from L2). Blocks of a paged cache are a few KiB apart from the next block of the same
+// head, which stops the hardware prefetchers at every block. (Requesting only the start of
+// each run of rows and leaving the rest to the hardware was faster for caches that fit in L2
+// but a third slower from DRAM: bf16 at 32k tokens 9.6 ms instead of 6.2 ms.)
+HWY_INLINE void PrefetchAhead(const RowSet& set, size_t key, size_t num_keys) {
+  if (set.prefetch_bytes == 0) return;
+  for (size_t ahead = key + kPrefetchAhead; ahead < std::min(num_keys, key + kPrefetchAhead + 4);
+       ++ahead) {
+    for (size_t line = 0; line < set.prefetch_bytes; line += kCacheLine) {
+      hwy::Prefetch(set.rows[ahead] + line);
+    }
+  }
+}
+
+// Scores of a tile's keys for the `group` query heads of one kv head.
+//   q: [group, head_dim] (scaled); s: [group, s_stride]
+template <Reader kK, class D>
+void ScoreTile(const RowSet& keys, const RowSet& values, size_t num_keys, const float* q, int group,
+               size_t head_dim, float* s, size_t s_stride) {
+  const D d;
+  const size_t n = hn::Lanes(d);
+  const size_t num_keys4 = (num_keys + 3) / 4 * 4;
+  if constexpr (IsSplitReader(kK)) {
+    // The queries in split order.
+    const size_t parts = 8 / ReaderBits(kK);
+    float* qs = Scratch(kSlotSplitQuery, group * head_dim);  // [group, head_dim]
+    for (int j = 0; j < group; ++j) {
+      for (size_t pos = 0; pos < head_dim; ++pos) {
+        qs[j * head_dim + pos] = q[j * head_dim + SplitElement(pos, n, parts)];
+      }
+    }
+    q = qs;
+  }
+  if constexpr (kK == Reader::kKivi4 || kK == Reader::kKivi2) {
+    // Per unit: q'_c = q_c * scale_c and bias = sum_c q_c * min_c, so that each key's score
+    // is q' . codes + bias with the codes read as integers.
+    const size_t parts = 8 / ReaderBits(kK);
+    float* header = Scratch(kSlotQuery, (4 + group) * head_dim + group);  // [2 * head_dim]
+    float* split_scale = header + 2 * head_dim;                           // [head_dim]
+    float* split_min = split_scale + head_dim;                            // [head_dim]
+    float* qp = split_min + head_dim;                                     // [group, head_dim]
+    float* bias = qp + group * head_dim;                                  // [group]
+    size_t key = 0;
+    while (key < num_keys) {
+      const std::byte* unit = keys.hdrs[key];
+      size_t run_end = key + 1;
+      while (run_end < num_keys && keys.hdrs[run_end] == unit) ++run_end;
+      // [head_dim x (scale, min)] as floats (header[2c], header[2c + 1]).
+      ConvertRow<Reader::kF16>(unit, 2 * head_dim, header);
+      for (size_t pos = 0; pos < head_dim; ++pos) {
+        const size_t c = SplitElement(pos, n, parts);
+        split_scale[pos] = header[2 * c];
+        split_min[pos] = header[2 * c + 1];
+      }
+      for (int j = 0; j < group; ++j) {
+        auto vbias = hn::Zero(d);
+        for (size_t c = 0; c < head_dim; c += n) {
+          const auto qv = hn::LoadU(d, q + j * head_dim + c);
+          hn::StoreU(hn::Mul(qv, hn::LoadU(d, split_scale + c)), d, qp + j * head_dim + c);
+          vbias = hn::MulAdd(qv, hn::LoadU(d, split_min + c), vbias);
+        }
+        bias[j] = hn::GetLane(hn::SumOfLanes(d, vbias));
+      }
+      // Steps of 4 may run past the unit: the next unit's scores overwrite those.
+      for (size_t k4 = key; k4 < run_end; k4 += 4) {
+        PrefetchAhead(keys, k4, num_keys);
+        PrefetchAhead(values, k4, num_keys);
+        ForEachHeadStep<kScoreHeadStep>(group, [&](int j, auto num_q) {
+          ScoreFourRows<decltype(num_q)::value, kK>(d, keys, k4, qp + j * head_dim, head_dim,
+                                                    s + j * s_stride + k4, s_stride);
+        });
+        const size_t k_end = std::min(k4 + 4, run_end);
+        for (int j = 0; j < group; ++j) {
+          for (size_t k = k4; k < k_end; ++k) s[j * s_stride + k] += bias[j];
+        }
+      }
+      key = run_end;
+    }
+  } else {
+    for (size_t key = 0; key < num_keys4; key += 4) {
+      PrefetchAhead(keys, key, num_keys);
+      PrefetchAhead(values, key, num_keys);
+      ForEachHeadStep<kScoreHeadStep>(group, [&](int j, auto num_q) {
+        ScoreFourRows<decltype(num_q)::value, kK>(d, keys, key, q + j * head_dim, head_dim,
+                                                  s + j * s_stride + key, s_stride);
+      });
+    }
+  }
+}
+
+// acc_j[i0, i0 + kVecs * Lanes(d)) += sum over keys of p[j * p_stride + key] * v_key, for
+// kNumQ query heads. The accumulators stay in registers (kVecs is a compile-time count, so
+// none spill) while all the tile's keys go by; each slice of a value row is converted once for
+// all kNumQ heads.
+//   acc: [kNumQ][acc_stride]; hf: [num_keys][kMaxHeaderFloats] headers (int8, integer groups)
+template <int kNumQ, size_t kVecs, Reader kV, class D>
+HWY_INLINE void AccumulateSlice(D d, const RowSet& values, size_t num_keys,
+                                const float* HWY_RESTRICT p, size_t p_stride, size_t i0,
+                                const float* HWY_RESTRICT hf, float* HWY_RESTRICT acc,
+                                size_t acc_stride) {
+  const size_t n = hn::Lanes(d);
+  constexpr bool kGroups = kV == Reader::kInt4 || kV == Reader::kInt2 || kV == Reader::kInt4S;
+  size_t header_idx[kVecs];  // where each vector's (scale, min) sits in a row's header
+  HWY_UNROLL(8)
+  for (size_t v = 0; v < kVecs; ++v) {
+    header_idx[v] = kGroups ? 2 * ((i0 + v * n) / static_cast<size_t>(values.group_elems)) : 0;
+  }
+  hn::Vec<D> a[kNumQ][kVecs];
+  HWY_UNROLL(8)
+  for (int j = 0; j < kNumQ; ++j) {
+    HWY_UNROLL(8)
+    for (size_t v = 0; v < kVecs; ++v) a[j][v] = hn::LoadU(d, acc + j * acc_stride + i0 + v * n);
+  }
+  for (size_t key = 0; key < num_keys; ++key) {
+    hn::Vec<D> w[kNumQ];
+    // int8 rows are read as raw codes: their scale joins the weight.
+    const float row_scale = IsRowScaled(kV) ? hf[key * kMaxHeaderFloats] : 1.0f;
+    HWY_UNROLL(8)
+    for (int j = 0; j < kNumQ; ++j) w[j] = hn::Set(d, p[j * p_stride + key] * row_scale);
+    const std::byte* row = values.rows[key];
+    if constexpr (kV == Reader::kInt4S) {
+      // kVecs is a multiple of the 2 parts of a block: a slice is whole blocks.
+      HWY_UNROLL(8)
+      for (size_t v = 0; v < kVecs; v += 2) {
+        const auto block = LoadSplitBlock<4>(d, row, i0 + v * n);
+        const float* h = hf + key * kMaxHeaderFloats + header_idx[v];
+        const auto scale = hn::Set(d, h[0]), min = hn::Set(d, h[1]);
+        HWY_UNROLL(2)
+        for (int r = 0; r < 2; ++r) {
+          const auto x = hn::MulAdd(SplitPart<4>(d, block, r), scale, min);
+          HWY_UNROLL(8)
+          for (int j = 0; j < kNumQ; ++j) a[j][v + r] = hn::MulAdd(w[j], x, a[j][v + r]);
+        }
+      }
+      continue;
+    }
+    HWY_UNROLL(8)
+    for (size_t v = 0; v < kVecs; ++v) {
+      hn::Vec<D> x;
+      if constexpr (kGroups) {
+        const float* h = hf + key * kMaxHeaderFloats + header_idx[v];
+        x = LoadRow<kV>(d, row, i0 + v * n, hn::Set(d, h[0]), hn::Set(d, h[1]));
+      } else {
+        x = LoadRow<kV>(d, row, i0 + v * n);
+      }
+      HWY_UNROLL(8)
+      for (int j = 0; j < kNumQ; ++j) a[j][v] = hn::MulAdd(w[j], x, a[j][v]);
+    }
+  }
+  HWY_UNROLL(8)
+  for (int j = 0; j < kNumQ; ++j) {
+    HWY_UNROLL(8)
+    for (size_t v = 0; v < kVecs; ++v) hn::StoreU(a[j][v], d, acc + j * acc_stride + i0 + v * n);
+  }
+}
+
+// The same over all of head_dim: full slices of 8 / kNumQ vectors, then single vectors
+// (blocks for split readers).
+template <int kNumQ, Reader kV, class D>
+HWY_INLINE void AccumulateRows(D d, const RowSet& values, size_t num_keys,
+                               const float* HWY_RESTRICT p, size_t p_stride, size_t head_dim,
+                               const float* HWY_RESTRICT hf, float* HWY_RESTRICT acc,
+                               size_t acc_stride) {
+  constexpr size_t kMaxVecs = 8 / kNumQ;  // accumulators in registers: at most 8
+  const size_t n = hn::Lanes(d);
+  size_t i0 = 0;
+  for (; i0 + kMaxVecs * n <= head_dim; i0 += kMaxVecs * n) {
+    AccumulateSlice<kNumQ, kMaxVecs, kV>(d, values, num_keys, p, p_stride, i0, hf, acc, acc_stride);
+  }
+  if constexpr (kV == Reader::kInt4S) {  // whole blocks (head_dim is a multiple of them)
+    for (; i0 < head_dim; i0 += 2 * n) {
+      AccumulateSlice<kNumQ, 2, kV>(d, values, num_keys, p, p_stride, i0, hf, acc, acc_stride);
+    }
+  } else {
+    for (; i0 < head_dim; i0 += n) {
+      AccumulateSlice<kNumQ, 1, kV>(d, values, num_keys, p, p_stride, i0, hf, acc, acc_stride);
+    }
+  }
+}
+
+// Weighted sum of a tile's values into the running states of the `group` query heads.
+//   p: [group, p_stride] softmax weights; state: [group, state_stride]
+template <Reader kV, class D>
+void AccumulateTile(const RowSet& values, size_t num_keys, const float* p, size_t p_stride,
+                    int group, size_t head_dim, float* state, size_t state_stride) {
+  const D d;
+  // Headers once per tile, not once per slice of dimensions.
+  float* hf = nullptr;
+  if constexpr (IsRowScaled(kV) || kV == Reader::kInt4 || kV == Reader::kInt2 ||
+                kV == Reader::kInt4S) {
+    hf = Scratch(kSlotHeaders, num_keys * kMaxHeaderFloats);
+    for (size_t key = 0; key < num_keys; ++key) {
+      if constexpr (IsRowScaled(kV)) {
+        hf[key * kMaxHeaderFloats] = LoadF16Scalar(values.rows[key]);
+      } else {
+        LoadHeader<kV>(values, key, hf + key * kMaxHeaderFloats);
+      }
+    }
+  }
+  ForEachHeadStep<4>(group, [&](int j, auto num_q) {
+    AccumulateRows<decltype(num_q)::value, kV>(d, values, num_keys, p + j * p_stride, p_stride,
+                                               head_dim, hf, state + j * state_stride,
+                                               state_stride);
+  });
+}
+
+using ScoreFn = void (*)(const RowSet&, const RowSet&, size_t, const float*, int, size_t, float*,
+                         size_t);
+using AccumulateFn = void (*)(const RowSet&, size_t, const float*, size_t, int, size_t, float*,
+                              size_t);
+
+template <class D>
+ScoreFn ScoreFor(Reader r) {
+  if constexpr (hn::MaxLanes(D()) >= 4) {
+    switch (r) {
+      case Reader::kInt8:
+        return &ScoreTile<Reader::kInt8, D>;
+      case Reader::kFp8E4M3:
+        return &ScoreTile<Reader::kFp8E4M3, D>;
+      case Reader::kFp8E5M2:
+        return &ScoreTile<Reader::kFp8E5M2, D>;
+      case Reader::kInt4:
+        return &ScoreTile<Reader::kInt4, D>;
+      case Reader::kInt2:
+        return &ScoreTile<Reader::kInt2, D>;
+      case Reader::kKivi4:
+        return &ScoreTile<Reader::kKivi4, D>;
+      case Reader::kKivi2:
+        return &ScoreTile<Reader::kKivi2, D>;
+      case Reader::kInt4S:
+        return &ScoreTile<Reader::kInt4S, D>;
+      default:
+        break;
+    }
+  }
+  switch (r) {
+    case Reader::kF16:
+      return &ScoreTile<Reader::kF16, D>;
+    case Reader::kBF16:
+      return &ScoreTile<Reader::kBF16, D>;
+    case Reader::kF32:
+      return &ScoreTile<Reader::kF32, D>;
+    default:
+      KVS_CHECK(false && "no key reader for this vector width");
+      return nullptr;
+  }
+}
+
+template <class D>
+AccumulateFn AccumulateFor(Reader r) {
+  if constexpr (hn::MaxLanes(D()) >= 4) {
+    switch (r) {
+      case Reader::kInt8:
+        return &AccumulateTile<Reader::kInt8, D>;
+      case Reader::kFp8E4M3:
+        return &AccumulateTile<Reader::kFp8E4M3, D>;
+      case Reader::kFp8E5M2:
+        return &AccumulateTile<Reader::kFp8E5M2, D>;
+      case Reader::kInt4:
+        return &AccumulateTile<Reader::kInt4, D>;
+      case Reader::kInt2:
+        return &AccumulateTile<Reader::kInt2, D>;
+      case Reader::kInt4S:
+        return &AccumulateTile<Reader::kInt4S, D>;
+      default:
+        break;
+    }
+  }
+  switch (r) {
+    case Reader::kF16:
+      return &AccumulateTile<Reader::kF16, D>;
+    case Reader::kBF16:
+      return &AccumulateTile<Reader::kBF16, D>;
+    case Reader::kF32:
+      return &AccumulateTile<Reader::kF32, D>;
+    default:
+      KVS_CHECK(false && "no value reader for this vector width");
+      return nullptr;
+  }
+}
+
+// The fast reader for one arena, if its format has one at vector width `lanes`; otherwise the
+// generic decoded path. Geometry comes from the view (unit_bytes, group_tokens), so a view
+// that does not match the documented format falls back to the codec's own Decode.
+SideSpec ArenaSide(const KvLayerView& view, const KvArenaView& arena, bool keys, size_t lanes) {
+  SideSpec side;
+  side.arena = &arena;
+  side.fill = FillKind::kDecoded;
+  side.reader = Reader::kF32;
+  const size_t head_dim = static_cast<size_t>(view.head_dim);
+  const int group_tokens = arena.group_tokens;
+  auto direct = [&](Reader r) {
+    side.fill = FillKind::kDirect;
+    side.reader = r;
+  };
+  switch (arena.codec) {
+    case CodecId::kF32:
+      direct(Reader::kF32);
+      return side;
+    case CodecId::kF16:
+      direct(Reader::kF16);
+      return side;
+    case CodecId::kBF16:
+      direct(Reader::kBF16);
+      return side;
+    default:
+      break;
+  }
+  if (lanes < 4 || head_dim % lanes != 0) return side;
+  const CodecId codec = arena.codec;
+  if (group_tokens == 1 && arena.unit_bytes == 2 + head_dim) {
+    if (codec == CodecId::kInt8) direct(Reader::kInt8);
+    if (codec == CodecId::kFp8E4M3) direct(Reader::kFp8E4M3);
+    if (codec == CodecId::kFp8E5M2) direct(Reader::kFp8E5M2);
+    if (side.fill == FillKind::kDirect) return side;
+  }
+  if (codec == CodecId::kQ4Absmax && group_tokens == 1) {
+    // [num_blocks x f16 d][4-bit codes], x = (q - 8) * d: integer groups of B elements with
+    // scale d and minimum -8 d.
+    const size_t block = std::min<size_t>(32, head_dim);
+    const size_t num_blocks = head_dim / block;
+    if (head_dim % block != 0 || arena.unit_bytes != 2 * num_blocks + head_dim / 2 ||
+        2 * num_blocks > static_cast<size_t>(kMaxHeaderFloats) || block % lanes != 0) {
+      return side;
+    }
+    side.fill = FillKind::kSpanned;
+    side.reader = block % (2 * lanes) == 0 ? Reader::kInt4S : Reader::kInt4;
+    side.code_offset = 2 * num_blocks;
+    side.group_elems = static_cast<int>(block);
+    side.num_header_floats = static_cast<int>(2 * num_blocks);
+    side.absmax_header = true;
+    return side;
+  }
+  const bool is_int = codec == CodecId::kInt4 || codec == CodecId::kInt2;
+  const bool is_kivi = codec == CodecId::kKivi4 || codec == CodecId::kKivi2;
+  if (!is_int && !is_kivi) return side;
+  const int bits = codec == CodecId::kInt4 || codec == CodecId::kKivi4 ? 4 : 2;
+  const size_t row_code_bytes = head_dim * bits / 8;  // whole bytes: head_dim % lanes == 0
+  // 4-bit groups of whole split blocks take the split reader.
+  auto int_reader = [&](size_t group_elems) {
+    if (bits == 4) return group_elems % (2 * lanes) == 0 ? Reader::kInt4S : Reader::kInt4;
+    return Reader::kInt2;
+  };
+  if (group_tokens == 1) {
+    // Per-token groups (int<b>, KIVI values; KIVI keys of one token are the same bytes).
+    if (arena.unit_bytes <= row_code_bytes || (arena.unit_bytes - row_code_bytes) % 4 != 0) {
+      return side;
+    }
+    const size_t num_groups = (arena.unit_bytes - row_code_bytes) / 4;
+    if (num_groups == 0 || head_dim % num_groups != 0 ||
+        2 * num_groups > static_cast<size_t>(kMaxHeaderFloats)) {
+      return side;
+    }
+    const size_t group_elems = head_dim / num_groups;
+    if (group_elems % lanes != 0) return side;  // a vector must not straddle groups
+    side.fill = FillKind::kSpanned;             // header = row start, codes after it
+    side.reader = int_reader(group_elems);
+    side.code_offset = 4 * num_groups;
+    side.row_code_bytes = 0;
+    side.group_elems = static_cast<int>(group_elems);
+    side.num_header_floats = static_cast<int>(2 * num_groups);
+    return side;
+  }
+  const size_t unit_code_bytes = row_code_bytes * group_tokens;
+  if (is_int && arena.unit_bytes == 4 + unit_code_bytes) {
+    side.fill = FillKind::kSpanned;  // one (scale, min) for the whole unit
+    side.reader = int_reader(head_dim);
+    side.code_offset = 4;
+    side.row_code_bytes = row_code_bytes;
+    side.group_elems = static_cast<int>(head_dim);
+    side.num_header_floats = 2;
+    return side;
+  }
+  if (is_kivi && keys && arena.unit_bytes == 4 * head_dim + unit_code_bytes &&
+      head_dim % (8 / bits * lanes) == 0) {
+    side.fill = FillKind::kKivi;
+    side.reader = bits == 4 ? Reader::kKivi4 : Reader::kKivi2;
+    side.code_offset = 4 * head_dim;
+    side.row_code_bytes = row_code_bytes;
+    return side;
+  }
+  return side;
+}
+
+}  // namespace
+}  // namespace HWY_NAMESPACE
+}  // namespace kvstack
+HWY_AFTER_NAMESPACE();
+
+#endif  // include guard (per target)
