@@ -19,9 +19,11 @@
 namespace kvstack {
 
 class ThreadPool;
+class Evictor;
 
 struct EngineOptions {
-  // The cache design. A capacity of 0 is resolved to `context_tokens`.
+  // The cache design. A capacity of 0 is resolved to `context_tokens`, or for an evicting
+  // policy to what it keeps per kv head plus one forward call's tokens.
   KvConfig kv;
   // Tokens per sequence the run needs (prompt + generated, or the perplexity window); used
   // to resolve kv.capacity == 0. Must be >= 1.
@@ -34,7 +36,8 @@ struct EngineOptions {
 
 // Time spent per phase of the forward pass, accumulated over calls (seconds).
 struct EngineProfile {
-  double attention_seconds = 0;  // attention kernels only
+  double attention_seconds = 0;  // attention kernels only (scores for policies included)
+  double eviction_seconds = 0;   // selecting and retaining tokens (evicting policies)
   double total_seconds = 0;      // whole Forward calls
   int64_t attention_calls = 0;
   // Bytes of cache (K and V, stored format) the attention kernels read, summed over calls.
@@ -56,6 +59,9 @@ class Engine {
   const KvCache& cache() const { return *cache_; }
   // The options with kv.capacity resolved.
   const EngineOptions& options() const { return options_; }
+  // The mean share of the context (options().context_tokens) the cache keeps per layer and kv
+  // head between forward calls: 1 unless the configuration evicts.
+  double kept_fraction() const;
 
   absl::StatusOr<SeqId> NewSequence();
   absl::Status FreeSequence(SeqId seq_id);
@@ -75,13 +81,17 @@ class Engine {
 
  private:
   struct Scratch;
-  Engine(const LlamaModel& model, const EngineOptions& options, std::unique_ptr<KvCache> cache);
+  Engine(const LlamaModel& model, const EngineOptions& options, std::unique_ptr<KvCache> cache,
+         std::unique_ptr<Evictor> evictor);
+  static absl::StatusOr<std::unique_ptr<Evictor>> CreateEvictor(const LlamaModel& model,
+                                                                EngineOptions& resolved);
   absl::Status ForwardBatch(SeqId seq_id, std::span<const TokenId> tokens, bool all_logits,
                             float* logits);
 
   const LlamaModel& model_;
   EngineOptions options_;
   std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<Evictor> evictor_;  // null unless the configuration evicts
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<Scratch> scratch_;
   std::vector<int> next_pos_;  // by seq_id
@@ -114,7 +124,9 @@ absl::StatusOr<GenerateStats> Generate(Engine& engine, std::span<const TokenId> 
 
 struct PerplexityOptions {
   int ctx = 512;  // window length in tokens, BOS first; >= 4
-  int batch = 0;  // tokens per forward call within a window; 0 = ctx
+  // Tokens per forward call within a window; 0 = ctx, or 16 when the cache evicts (policies
+  // act between calls; see run/sequence_logits.h).
+  int batch = 0;
   // Windows to run from the start of the text; 0 = every whole window. Default: 0.
   int max_windows = 0;
   // Called after each window with the logits of all its positions (position j predicts

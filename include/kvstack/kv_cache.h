@@ -92,9 +92,35 @@ class KvCache {
   void Write(SeqId seq_id, int layer_idx, int logical_begin, std::span<const float> k,
              std::span<const float> v);
 
-  // The read view of one sequence in one layer.
+  // The read view of one sequence in one layer (head_tokens filled once a head was evicted).
   KvLayerView View(SeqId seq_id, int layer_idx) const;
+  // Token slots the sequence uses: the most tokens any (layer, kv head) holds. Appends and
+  // Write count in these slots; see RetainTokens for heads that hold fewer.
   int NumTokens(SeqId seq_id) const;
+  // Tokens one kv head of one layer holds: NumTokens until an eviction kept fewer.
+  int HeadTokens(SeqId seq_id, int layer_idx, int kv_head) const;
+
+  // Eviction (layer 1 decides which tokens, the cache applies it). Whether this cache can
+  // evict: OK, or FailedPrecondition naming why not (a layer whose codec encodes several
+  // tokens per unit, or a recent window: their tokens cannot leave one by one).
+  absl::Status CheckCanEvict() const;
+  // Called for every kept key while it moves: its F32 value (Hadamard rotation undone), its
+  // logical index before and after. It may change the key (re-assigning RoPE positions); the
+  // key is then re-encoded. Not set: keys move as stored bytes, bit for bit.
+  using KeyRewrite = std::function<void(int old_index, int new_index, std::span<float> key)>;
+  // Keeps only the logical tokens `keep` (ascending, distinct, < HeadTokens) of one kv head in
+  // one layer: they become logical [0, keep.size()) in order, every other token of that head is
+  // gone. Sink tokens (logical < config.sink_tokens) must be kept. Afterwards, NumTokens is the
+  // new maximum over all layers and heads, and blocks beyond it are freed (paged); shared
+  // (forked) blocks are copied before they change. Appends then grow every head by the same
+  // count: Write's logical_begin is in NumTokens' numbering, and a head holding n tokens stores
+  // written token logical_begin + j at its logical n - (NumTokens - logical_begin) + j.
+  // A ring's heads stop growing once it is full (its oldest tokens go instead), so there a
+  // head must keep at least sink_tokens + 1 tokens (its newest stays visible).
+  // Errors: CheckCanEvict's; InvalidArgument for a bad keep list; ResourceExhausted when
+  // shared blocks must be copied and too few are free; nothing changes on error.
+  absl::Status RetainTokens(SeqId seq_id, int layer_idx, int kv_head, std::span<const int> keep,
+                            const KeyRewrite& rewrite = nullptr);
 
   const KvConfig& config() const;
   // The codecs of one layer (after config.layer_codecs overrides).

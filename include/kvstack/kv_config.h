@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvstack/policy.h"
 #include "kvstack/status.h"
 
 namespace kvstack {
@@ -22,6 +23,24 @@ enum class LayoutKind : uint8_t {
 
 std::string_view LayoutName(LayoutKind layout);
 absl::StatusOr<LayoutKind> ParseLayout(std::string_view name);  // "contiguous" | "paged" | "ring"
+
+// How many tokens an eviction policy keeps per kv head: a count, a fraction of the context, or
+// bytes of cache per sequence (all layers, keys and values, at the codecs' sizes).
+struct KvBudget {
+  enum class Kind : uint8_t { kNone = 0, kTokens = 1, kFraction = 2, kBytes = 3 };
+  Kind kind = Kind::kNone;
+  double value = 0;  // tokens (integer), fraction in (0, 1], or bytes (integer)
+
+  bool is_set() const { return kind != Kind::kNone; }
+  // Tokens per kv head for a context of `context_tokens` and a cache whose token costs
+  // `bytes_per_token` (KvCache::bytes_per_token). At least 1 when set.
+  int Resolve(int context_tokens, double bytes_per_token) const;
+  // "256", "50%", "64KiB"; "" when not set.
+  std::string ToString() const;
+};
+// Parses "256" (tokens), "50%" or "0.5" (fraction of the context), "4096B", "64KiB", "2MiB"
+// (bytes). Errors: one line naming the forms allowed; zero and negative budgets.
+absl::StatusOr<KvBudget> ParseKvBudget(std::string_view text);
 
 struct KvConfig {
   // Memory layout. Default: paged.
@@ -39,8 +58,30 @@ struct KvConfig {
   int64_t capacity = 0;
   // Sequences the cache can hold at once. Default: 1.
   int max_sequences = 1;
-  // Selection policy (select/ layer) by name. Default: "full" (keep every token).
+  // Selection policy (select/ layer, see policy.h) by name. Default: "full" (keep every token).
   std::string policy = "full";
+  // What an eviction policy keeps per kv head (required by every policy but "full", which
+  // refuses one). The layer schedule and head split spread it (policy.h).
+  KvBudget budget;
+  std::string layer_budget = "uniform";  // "uniform" | "pyramid"
+  std::string head_budget = "uniform";   // "uniform" | "adaptive"
+  // Policy parameters (PolicyParams): sinks and recent tokens the policy always keeps (-1:
+  // half the budget), SnapKV's observation window and pooling width.
+  int policy_sinks = 4;
+  int policy_recent = -1;
+  int observation_window = 32;
+  int pool_kernel = 7;
+  // How the query heads sharing a kv head combine their scores: "max" | "mean".
+  std::string score_aggregation = "max";
+  // RoPE positions of the kept tokens: "original" (each keeps the position it was computed
+  // at) or "reassign" (StreamingLLM: positions are the tokens' places in the cache, keys are
+  // re-rotated when they move, and new tokens get the next place; needs the same token count
+  // in every kv head, so not with head_budget adaptive or policy duo).
+  std::string positions = "original";
+  // DuoAttention-style head classes (policy "duo"): the profile from `kvstack calibrate
+  // --heads` and the fraction of kv heads, by retrieval score, that keep everything.
+  std::string head_profile;
+  double retrieval_fraction = 0.25;
   // The first sink_tokens tokens of every sequence are kept in full precision (F32) whatever
   // the codecs. Default: 0.
   int sink_tokens = 0;
@@ -57,6 +98,7 @@ struct KvConfig {
     int layer_idx = 0;
     std::string k_codec;
     std::string v_codec;
+    std::string policy;  // empty: the default policy
   };
   std::vector<LayerCodecs> layer_codecs;
   // Calibration profile (`kvstack calibrate`) for low-rank codecs. Default: none.
@@ -65,17 +107,29 @@ struct KvConfig {
   // The codec names of one layer, after overrides.
   const std::string& KCodecOf(int layer_idx) const;
   const std::string& VCodecOf(int layer_idx) const;
+  const std::string& PolicyOf(int layer_idx) const;
+  // Whether some layer's policy evicts (is not "full").
+  bool evicts() const;
+  // Whether `name` is the policy of some layer.
+  bool PolicyUsed(std::string_view name) const;
 
   // One line, `key=value` pairs, stable order: what reports print.
   std::string ToString() const;
 };
 
+// The policy parameters a config sets (policy_sinks, policy_recent, observation_window,
+// pool_kernel).
+PolicyParams PolicyParamsOf(const KvConfig& config);
+
 // Checks every field against what is allowed; the error names the field and the allowed values.
 absl::Status ValidateKvConfig(const KvConfig& config);
 
 // Parses TOML text. Keys (all optional, defaults above): layout, block_size, k_codec, v_codec,
-// capacity, max_sequences, policy, sink_tokens, recent_tokens, hadamard_keys, profile — at top
-// level or under a [kv] table — and [kv.layer.N] tables with k_codec / v_codec. Unknown keys
+// capacity, max_sequences, policy, sink_tokens, recent_tokens, hadamard_keys, profile, budget
+// (integer tokens or a string as ParseKvBudget takes), layer_budget, head_budget,
+// policy_sinks, policy_recent, observation_window, pool_kernel, score_aggregation, positions,
+// head_profile, retrieval_fraction — at top level or under a [kv] table — and [kv.layer.N]
+// tables with k_codec / v_codec / policy. Unknown keys
 // are an error (a typo must not silently leave a default in place). The result is validated.
 absl::StatusOr<KvConfig> ParseKvConfigToml(std::string_view toml_text);
 // Reads and parses a TOML file; errors name the path.

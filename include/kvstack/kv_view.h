@@ -90,6 +90,43 @@ struct KvLayerView {
   // Keys are stored rotated by the orthonormal Hadamard matrix H (k' = H k): attention must
   // rotate each query the same way (q.k = Hq.Hk). Values are never rotated.
   bool keys_rotated = false;
+  // Tokens each kv head holds. An eviction policy (layer 1) may keep different tokens, and
+  // different numbers of them, per kv head: head h's logical tokens are [0, head_tokens[h])
+  // (each <= num_tokens). Empty: every head holds num_tokens. A cache only evicts layers
+  // without a pending segment, and never evicts sinks, so heads differ only in the arena.
+  std::span<const int32_t> head_tokens;
+  // The cache's kv head that this view's head 0 is (non-zero in a HeadView): codecs with
+  // per-head parameters (low-rank bases) are called with first_kv_head + h.
+  int first_kv_head = 0;
+
+  int HeadTokens(int kv_head) const {
+    return head_tokens.empty() ? num_tokens : head_tokens[kv_head];
+  }
+  // Whether every kv head holds all num_tokens tokens (what the attention kernels read).
+  bool uniform_heads() const {
+    return std::all_of(head_tokens.begin(), head_tokens.end(),
+                       [&](int32_t n) { return n == num_tokens; });
+  }
+  // The one-head view of kv head `kv_head`, holding its HeadTokens(kv_head) tokens.
+  KvLayerView HeadView(int kv_head) const {
+    KVS_DCHECK(0 <= kv_head && kv_head < num_kv_heads);
+    KvLayerView one = *this;
+    const int n = HeadTokens(kv_head);
+    one.k.base += static_cast<size_t>(kv_head) * k.head_stride;
+    one.v.base += static_cast<size_t>(kv_head) * v.head_stride;
+    one.num_tokens = n;
+    one.num_kv_heads = 1;
+    one.head_tokens = {};
+    one.first_kv_head = first_kv_head + kv_head;
+    for (KvF32Segment* seg : {&one.sinks, &one.pending}) {
+      const size_t head_floats = static_cast<size_t>(kv_head) * seg->stride_tokens * head_dim;
+      if (seg->k != nullptr) seg->k += head_floats;
+      if (seg->v != nullptr) seg->v += head_floats;
+      seg->end = std::min(seg->end, n);
+      seg->begin = std::min(seg->begin, seg->end);
+    }
+    return one;
+  }
 
   int num_slots() const { return static_cast<int>(block_table.size()) * block_size; }
   // The logical range held in the arenas.

@@ -12,7 +12,9 @@
 #include "absl/strings/str_format.h"
 #include "base/thread_pool.h"
 #include "run/attention.h"
+#include "run/attention_heads.h"
 #include "run/dense_ops.h"
+#include "run/eviction.h"
 #include "run/memory_bandwidth.h"
 
 namespace kvstack {
@@ -30,8 +32,8 @@ struct Engine::Scratch {
 };
 
 Engine::Engine(const LlamaModel& model, const EngineOptions& options,
-               std::unique_ptr<KvCache> cache)
-    : model_(model), options_(options), cache_(std::move(cache)) {
+               std::unique_ptr<KvCache> cache, std::unique_ptr<Evictor> evictor)
+    : model_(model), options_(options), cache_(std::move(cache)), evictor_(std::move(evictor)) {
   pool_ = std::make_unique<ThreadPool>(options_.num_threads);
   const LlamaHparams& hp = model_.hparams();
   const size_t b = options_.max_batch;
@@ -47,6 +49,10 @@ Engine::Engine(const LlamaModel& model, const EngineOptions& options,
 }
 
 Engine::~Engine() = default;
+
+double Engine::kept_fraction() const {
+  return evictor_ != nullptr ? evictor_->KeptFraction(options_.context_tokens) : 1.0;
+}
 
 KvCacheOptions CacheOptionsFor(const LlamaModel& model, const KvConfig& kv) {
   const LlamaHparams& hp = model.hparams();
@@ -74,8 +80,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const LlamaModel& model,
         absl::StrFormat("batch must be 1..65536, got %d", options.max_batch));
   }
   EngineOptions resolved = options;
-  if (resolved.kv.capacity == 0) resolved.kv.capacity = options.context_tokens;
   KVS_RETURN_IF_ERROR(ValidateKvConfig(resolved.kv));
+  std::unique_ptr<Evictor> evictor;
+  if (resolved.kv.evicts()) {
+    KVS_ASSIGN_OR_RETURN(evictor, CreateEvictor(model, resolved));
+  } else if (resolved.kv.capacity == 0) {
+    resolved.kv.capacity = options.context_tokens;
+  }
   if (resolved.kv.layout == LayoutKind::kRing) {
     // A forward call must not overwrite its own tokens in the ring.
     resolved.max_batch =
@@ -83,17 +94,53 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const LlamaModel& model,
   }
   KVS_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
                        KvCache::Create(CacheOptionsFor(model, resolved.kv)));
-  return std::unique_ptr<Engine>(new Engine(model, resolved, std::move(cache)));
+  if (evictor != nullptr) KVS_RETURN_IF_ERROR(cache->CheckCanEvict());
+  return std::unique_ptr<Engine>(new Engine(model, resolved, std::move(cache), std::move(evictor)));
+}
+
+// The evictor of an evicting configuration, and the cache capacity it needs: what the policy
+// keeps per head plus one forward call's tokens. Byte budgets are resolved with the token
+// size of a small cache of the same design.
+absl::StatusOr<std::unique_ptr<Evictor>> Engine::CreateEvictor(const LlamaModel& model,
+                                                               EngineOptions& resolved) {
+  KvConfig probe_config = resolved.kv;
+  probe_config.capacity = std::max(probe_config.block_size, 64);
+  probe_config.max_sequences = 1;
+  KVS_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> probe,
+                       KvCache::Create(CacheOptionsFor(model, probe_config)));
+  KVS_RETURN_IF_ERROR(probe->CheckCanEvict());
+  KVS_ASSIGN_OR_RETURN(
+      std::unique_ptr<Evictor> evictor,
+      Evictor::Create(model, resolved.kv, resolved.context_tokens, probe->bytes_per_token()));
+  const int64_t needed = std::min<int64_t>(
+      resolved.context_tokens, static_cast<int64_t>(evictor->MaxHeadTokens()) +
+                                   std::min(resolved.max_batch, resolved.context_tokens));
+  if (resolved.kv.capacity == 0) {
+    resolved.kv.capacity = needed;
+  } else if (resolved.kv.capacity < needed) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "capacity %d cannot hold the policy's %d tokens per head plus one forward call's %d; "
+        "allowed: capacity >= %d (or 0 to size it)",
+        resolved.kv.capacity, evictor->MaxHeadTokens(), resolved.max_batch, needed));
+  }
+  return evictor;
 }
 
 absl::StatusOr<SeqId> Engine::NewSequence() {
   KVS_ASSIGN_OR_RETURN(SeqId seq_id, cache_->AddSequence());
   if (static_cast<size_t>(seq_id) >= next_pos_.size()) next_pos_.resize(seq_id + 1, 0);
   next_pos_[seq_id] = 0;
+  if (evictor_ != nullptr) {
+    evictor_->AddSequence(seq_id, static_cast<int>(options_.kv.capacity));
+  }
   return seq_id;
 }
 
-absl::Status Engine::FreeSequence(SeqId seq_id) { return cache_->RemoveSequence(seq_id); }
+absl::Status Engine::FreeSequence(SeqId seq_id) {
+  KVS_RETURN_IF_ERROR(cache_->RemoveSequence(seq_id));
+  if (evictor_ != nullptr) evictor_->RemoveSequence(seq_id);
+  return absl::OkStatus();
+}
 
 int Engine::NextPosition(SeqId seq_id) const {
   KVS_CHECK(seq_id >= 0 && static_cast<size_t>(seq_id) < next_pos_.size());
@@ -143,7 +190,6 @@ absl::Status Engine::ForwardBatch(SeqId seq_id, std::span<const TokenId> tokens,
         seq_id, cache_->NumTokens(seq_id), m, cache_->config().ToString()));
   }
   KVS_RETURN_IF_ERROR(cache_->CommitAppend(plan));
-  const int logical_begin = cache_->NumTokens(seq_id) - m;
   const int pos0 = next_pos_[seq_id];
   next_pos_[seq_id] += m;
 
@@ -168,21 +214,34 @@ absl::Status Engine::ForwardBatch(SeqId seq_id, std::span<const TokenId> tokens,
     ops::MatMul(w.wq, s.xn.data(), m, s.q.data(), pool);
     ops::MatMul(w.wk, s.xn.data(), m, s.k.data(), pool);
     ops::MatMul(w.wv, s.xn.data(), m, s.v.data(), pool);
+    // Positions are the tokens' own unless the policy re-assigns them per layer.
+    const int layer_pos0 =
+        evictor_ != nullptr ? evictor_->NextPosition(seq_id, layer_idx, pos0) : pos0;
     for (int t = 0; t < m; ++t) {
-      ops::Rope(&s.q[t * q_width], hp.num_heads, hp.head_dim, hp.rope_dim, pos0 + t,
+      ops::Rope(&s.q[t * q_width], hp.num_heads, hp.head_dim, hp.rope_dim, layer_pos0 + t,
                 hp.rope_freq_base, hp.rope_style);
-      ops::Rope(&s.k[t * kv_width], hp.num_kv_heads, hp.head_dim, hp.rope_dim, pos0 + t,
+      ops::Rope(&s.k[t * kv_width], hp.num_kv_heads, hp.head_dim, hp.rope_dim, layer_pos0 + t,
                 hp.rope_freq_base, hp.rope_style);
     }
-    cache_->Write(seq_id, layer_idx, logical_begin,
+    // Re-read per layer: an eviction in an earlier layer may have lowered NumTokens (the new
+    // tokens are always the last m of it).
+    cache_->Write(seq_id, layer_idx, cache_->NumTokens(seq_id) - m,
                   std::span<const float>(s.k.data(), static_cast<size_t>(m) * kv_width),
                   std::span<const float>(s.v.data(), static_cast<size_t>(m) * kv_width));
+    const AttentionScores* scores =
+        evictor_ != nullptr ? evictor_->BeginLayerStep(seq_id, layer_idx, layer_pos0, m, m)
+                            : nullptr;
     const KvLayerView view = cache_->View(seq_id, layer_idx);
     const auto attention_start = std::chrono::steady_clock::now();
-    Attention(view, s.q.data(), m, attention_params, s.attn.data(), pool);
+    AttentionAnyHeads(view, s.q.data(), m, attention_params, s.attn.data(), pool, scores);
     profile_.attention_seconds += SecondsSince(attention_start);
     profile_.attention_calls += 1;
     profile_.cache_bytes_read += static_cast<double>(DecodeBytesRead(view));
+    if (evictor_ != nullptr) {
+      const auto eviction_start = std::chrono::steady_clock::now();
+      KVS_RETURN_IF_ERROR(evictor_->EndLayerStep(seq_id, layer_idx, *cache_));
+      profile_.eviction_seconds += SecondsSince(eviction_start);
+    }
     ops::MatMul(w.wo, s.attn.data(), m, s.gate.data(), pool);
     for (size_t i = 0; i < static_cast<size_t>(m) * dim; ++i) s.x[i] += s.gate[i];
 

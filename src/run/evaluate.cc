@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "kvstack/check.h"
 #include "kvstack/kv_cache.h"
+#include "run/sequence_logits.h"
 
 namespace kvstack {
 namespace {
@@ -48,7 +49,8 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const LlamaModel& model,
   engine_options.kv = config;
   engine_options.context_tokens = options.ctx;
   engine_options.num_threads = options.num_threads;
-  engine_options.max_batch = options.batch > 0 ? options.batch : options.ctx;
+  engine_options.max_batch =
+      options.batch > 0 ? options.batch : (config.evicts() ? kEvictingBatch : options.ctx);
   return Engine::Create(model, engine_options);
 }
 
@@ -93,6 +95,10 @@ KvConfig ReferenceConfig(const KvConfig& config) {
   reference.hadamard_keys = false;
   reference.recent_tokens = 0;
   reference.profile.clear();
+  // The full cache: every token kept, whatever `config` evicts.
+  reference.policy = "full";
+  reference.budget = KvBudget{};
+  reference.capacity = 0;
   return reference;
 }
 
@@ -102,12 +108,12 @@ absl::Status CheckConfig(const LlamaModel& model, const KvConfig& config,
     return absl::InvalidArgumentError(
         absl::StrFormat("evaluate: ctx must be >= 4 (the perplexity window), got %d", options.ctx));
   }
-  KVS_RETURN_IF_ERROR(ValidateKvConfig(config));
-  // A cache of one window is small (ctx tokens); building it runs every check KvCache::Create
-  // makes, with the engine's resolution of capacity 0 to the tokens the run needs.
-  KvCacheOptions cache_options = CacheOptionsFor(model, config);
-  if (cache_options.config.capacity == 0) cache_options.config.capacity = options.ctx;
-  return KvCache::Create(cache_options).status();
+  // An engine of one window is small (ctx tokens); building it runs every check KvCache::Create
+  // and the evictor make, with the engine's resolution of capacity 0 to the tokens the run
+  // needs.
+  EvaluateOptions one_thread = options;
+  one_thread.num_threads = 1;
+  return CreateEngine(model, config, one_thread).status();
 }
 
 absl::StatusOr<ReferenceRun> RunReference(const LlamaModel& model, std::span<const TokenId> tokens,
@@ -164,6 +170,8 @@ absl::StatusOr<ConfigEvaluation> EvaluateConfig(const LlamaModel& model,
       static_cast<double>(engine->cache().bytes_per_token()) / hparams.num_layers;
   const double f16_bytes = 2.0 * 2.0 * hparams.num_kv_heads * hparams.head_dim;
   result.compression_vs_f16 = f16_bytes / result.bytes_per_token_per_layer;
+  result.kept_fraction = engine->kept_fraction();
+  result.memory_bits = result.bits_per_element * result.kept_fraction;
 
   const int first = options.ctx / 2;
   const int per_window = ScoredPerWindow(options.ctx);

@@ -65,13 +65,18 @@ struct ConfigEvaluation {
   double bytes_per_token_per_layer = 0;
   // F16 K and V bytes per token per layer divided by bytes_per_token_per_layer.
   double compression_vs_f16 = 0;
+  // The mean share of the ctx window an evicting policy keeps per layer and kv head (1 for
+  // the full cache), and the cache's bits per element of context: bits_per_element times it.
+  double kept_fraction = 1;
+  double memory_bits = 0;
   // Seconds in attention kernels over the timed decode steps, per step, in microseconds;
   // 0 when decode_steps is 0.
   double decode_attention_us_per_token = 0;
 };
 
-// The reference configuration for `config`: the same layout, block size, capacity, sequences
-// and policy, with every codec F32, no per-layer overrides, no sinks and no key rotation.
+// The reference configuration for `config`: the same layout, block size and sequences, with
+// every codec F32, no per-layer overrides, no sinks, no key rotation, and the full cache
+// (policy "full", no budget, capacity resolved by the run).
 KvConfig ReferenceConfig(const KvConfig& config);
 
 // Runs the reference over `tokens` (the whole text, BOS first). progress(done, total) after

@@ -6,19 +6,9 @@
 
 #include "absl/strings/str_format.h"
 #include "kvstack/engine.h"
+#include "run/sequence_logits.h"
 
 namespace kvstack {
-namespace {
-
-// -log softmax(logits)[target], in double for a stable sum over tens of thousands of tokens.
-double NegativeLogLikelihood(std::span<const float> logits, TokenId target) {
-  const float max_logit = *std::max_element(logits.begin(), logits.end());
-  double sum = 0;
-  for (float l : logits) sum += std::exp(static_cast<double>(l) - max_logit);
-  return std::log(sum) - (static_cast<double>(logits[target]) - max_logit);
-}
-
-}  // namespace
 
 absl::StatusOr<PerplexityResult> Perplexity(Engine& engine, std::span<const TokenId> tokens,
                                             const PerplexityOptions& options,
@@ -43,7 +33,7 @@ absl::StatusOr<PerplexityResult> Perplexity(Engine& engine, std::span<const Toke
   }
   if (options.max_windows > 0) num_windows = std::min(num_windows, options.max_windows);
   const int ctx = options.ctx;
-  const int batch = options.batch == 0 ? ctx : options.batch;
+  const int batch = ResolveBatch(engine, options.batch, ctx);
   const int first = ctx / 2;
   const int vocab = engine.model().hparams().vocab_size;
   const TokenId bos = engine.model().tokenizer().bos_id();
@@ -53,24 +43,10 @@ absl::StatusOr<PerplexityResult> Perplexity(Engine& engine, std::span<const Toke
   int64_t count = 0;
   std::vector<TokenId> window(ctx);
   std::vector<float> logits;
-  std::vector<float> batch_logits;
   for (int w = 0; w < num_windows; ++w) {
     std::copy_n(tokens.begin() + static_cast<size_t>(w) * ctx, ctx, window.begin());
     window[0] = bos;
-    KVS_ASSIGN_OR_RETURN(SeqId seq_id, engine.NewSequence());
-    logits.resize(static_cast<size_t>(ctx) * vocab);
-    for (int b = 0; b < ctx; b += batch) {
-      const int n = std::min(batch, ctx - b);
-      const absl::Status status = engine.Forward(
-          seq_id, std::span<const TokenId>(window).subspan(b, n), true, &batch_logits);
-      if (!status.ok()) {
-        engine.FreeSequence(seq_id).IgnoreError();
-        return status;
-      }
-      std::copy(batch_logits.begin(), batch_logits.end(),
-                logits.begin() + static_cast<size_t>(b) * vocab);
-    }
-    KVS_RETURN_IF_ERROR(engine.FreeSequence(seq_id));
+    KVS_RETURN_IF_ERROR(SequenceLogits(engine, window, batch, &logits));
     if (options.on_window_logits) options.on_window_logits(w, logits);
     for (int j = first; j < ctx - 1; ++j) {
       const double nll = NegativeLogLikelihood(

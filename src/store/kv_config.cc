@@ -30,10 +30,18 @@ constexpr std::array<std::string_view, 3> kLayoutNames = {"contiguous", "paged",
 
 // Every key a config file may set, in the order ToString prints the fields. "layer" is the
 // table of per-layer codec overrides: [kv.layer.N] k_codec = ..., v_codec = ...
-constexpr std::array<std::string_view, 12> kConfigKeys = {
-    "layout", "block_size",  "k_codec",       "v_codec", "capacity", "max_sequences",
-    "policy", "sink_tokens", "hadamard_keys", "layer",   "profile",  "recent_tokens"};
-constexpr std::array<std::string_view, 2> kLayerKeys = {"k_codec", "v_codec"};
+constexpr std::array<std::string_view, 23> kConfigKeys = {
+    "layout",       "block_size",        "k_codec",
+    "v_codec",      "capacity",          "max_sequences",
+    "policy",       "sink_tokens",       "hadamard_keys",
+    "layer",        "profile",           "recent_tokens",
+    "budget",       "layer_budget",      "head_budget",
+    "policy_sinks", "policy_recent",     "observation_window",
+    "pool_kernel",  "score_aggregation", "positions",
+    "head_profile", "retrieval_fraction"};
+constexpr std::array<std::string_view, 3> kLayerKeys = {"k_codec", "v_codec", "policy"};
+constexpr std::array<std::string_view, 2> kAggregations = {"max", "mean"};
+constexpr std::array<std::string_view, 2> kPositionModes = {"original", "reassign"};
 
 // absl::StrCat/StrJoin take absl::string_view, which in Debian's absl build is not
 // std::string_view; names are copied into std::string at that boundary.
@@ -62,6 +70,68 @@ absl::Status CheckCodecField(std::string_view field, std::string_view name) {
   return absl::InvalidArgumentError(absl::StrCat("kv config: ", std::string(field), " '",
                                                  std::string(name),
                                                  "' is invalid: ", status.message()));
+}
+
+// The fields of the selection (layer 1) part of a config.
+absl::Status ValidateSelection(const KvConfig& config) {
+  KVS_RETURN_IF_ERROR(CheckName("policy", config.policy, PolicyNames()));
+  if (!config.evicts()) {
+    if (config.budget.is_set()) {
+      return absl::InvalidArgumentError(
+          "kv config: budget is set but policy 'full' keeps every token; allowed: a budget "
+          "with an evicting policy (" +
+          absl::StrJoin(PolicyNames(), ", ") + ")");
+    }
+    return absl::OkStatus();
+  }
+  if (!config.budget.is_set()) {
+    return absl::InvalidArgumentError(absl::StrCat("kv config: policy '", config.policy,
+                                                   "' evicts and needs a budget (--budget)"));
+  }
+  KVS_RETURN_IF_ERROR(ParseLayerSchedule(config.layer_budget).status());
+  KVS_ASSIGN_OR_RETURN(const HeadSplit split, ParseHeadSplit(config.head_budget));
+  if (std::find(kAggregations.begin(), kAggregations.end(), config.score_aggregation) ==
+      kAggregations.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv config: score_aggregation '", config.score_aggregation,
+                     "' is unknown; allowed: ", JoinNames(kAggregations)));
+  }
+  if (std::find(kPositionModes.begin(), kPositionModes.end(), config.positions) ==
+      kPositionModes.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv config: positions '", config.positions,
+                     "' is unknown; allowed: ", JoinNames(kPositionModes)));
+  }
+  const PolicyParams params = PolicyParamsOf(config);
+  const bool duo = config.PolicyUsed("duo");
+  for (const std::string& name : PolicyNames()) {
+    if (!config.PolicyUsed(name)) continue;
+    absl::StatusOr<std::unique_ptr<SelectionPolicy>> policy = CreatePolicy(name, params);
+    if (!policy.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("kv config: ", policy.status().message()));
+    }
+    if (split == HeadSplit::kAdaptive && !(*policy)->needs_scores() && name != "full") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kv config: head_budget 'adaptive' splits by attention scores, which policy '", name,
+          "' does not use; allowed: adaptive with h2o, tova or snapkv"));
+    }
+  }
+  if (config.positions == "reassign" && (split == HeadSplit::kAdaptive || duo)) {
+    return absl::InvalidArgumentError(
+        "kv config: positions 'reassign' needs every kv head to hold the same number of tokens; "
+        "allowed with head_budget 'uniform' and policies other than duo");
+  }
+  if (duo && config.head_profile.empty()) {
+    return absl::InvalidArgumentError(
+        "kv config: policy 'duo' needs a head profile (--head-profile, from `kvstack calibrate "
+        "--heads`)");
+  }
+  if (!(config.retrieval_fraction >= 0.0 && config.retrieval_fraction <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("kv config: retrieval_fraction ",
+                                                   config.retrieval_fraction,
+                                                   " is out of range; allowed: 0..1"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status TypeError(std::string_view key, std::string_view expected) {
@@ -120,6 +190,8 @@ absl::Status ApplyLayerTable(const toml::node& node, KvConfig* config) {
         KVS_ASSIGN_OR_RETURN(entry.k_codec, GetString(full_key, value));
       } else if (key.str() == "v_codec") {
         KVS_ASSIGN_OR_RETURN(entry.v_codec, GetString(full_key, value));
+      } else if (key.str() == "policy") {
+        KVS_ASSIGN_OR_RETURN(entry.policy, GetString(full_key, value));
       } else {
         return absl::InvalidArgumentError(absl::StrCat("kv config: unknown key '", full_key,
                                                        "'; allowed: ", JoinNames(kLayerKeys)));
@@ -156,6 +228,40 @@ absl::Status ApplyKey(std::string_view key, const toml::node& node, KvConfig* co
     KVS_ASSIGN_OR_RETURN(config->recent_tokens, GetInt32(key, node));
   } else if (key == "profile") {
     KVS_ASSIGN_OR_RETURN(config->profile, GetString(key, node));
+  } else if (key == "budget") {
+    // An integer is a token count; a string takes every form ParseKvBudget does.
+    std::string text;
+    if (node.is_integer()) {
+      KVS_ASSIGN_OR_RETURN(const int64_t tokens, GetInt(key, node));
+      text = absl::StrCat(tokens);
+    } else {
+      KVS_ASSIGN_OR_RETURN(text, GetString(key, node));
+    }
+    absl::StatusOr<KvBudget> budget = ParseKvBudget(text);
+    if (!budget.ok())
+      return absl::InvalidArgumentError(absl::StrCat("kv config: ", budget.status().message()));
+    config->budget = *budget;
+  } else if (key == "layer_budget") {
+    KVS_ASSIGN_OR_RETURN(config->layer_budget, GetString(key, node));
+  } else if (key == "head_budget") {
+    KVS_ASSIGN_OR_RETURN(config->head_budget, GetString(key, node));
+  } else if (key == "policy_sinks") {
+    KVS_ASSIGN_OR_RETURN(config->policy_sinks, GetInt32(key, node));
+  } else if (key == "policy_recent") {
+    KVS_ASSIGN_OR_RETURN(config->policy_recent, GetInt32(key, node));
+  } else if (key == "observation_window") {
+    KVS_ASSIGN_OR_RETURN(config->observation_window, GetInt32(key, node));
+  } else if (key == "pool_kernel") {
+    KVS_ASSIGN_OR_RETURN(config->pool_kernel, GetInt32(key, node));
+  } else if (key == "score_aggregation") {
+    KVS_ASSIGN_OR_RETURN(config->score_aggregation, GetString(key, node));
+  } else if (key == "positions") {
+    KVS_ASSIGN_OR_RETURN(config->positions, GetString(key, node));
+  } else if (key == "head_profile") {
+    KVS_ASSIGN_OR_RETURN(config->head_profile, GetString(key, node));
+  } else if (key == "retrieval_fraction") {
+    if (!node.is_floating_point() && !node.is_integer()) return TypeError(key, "a number");
+    config->retrieval_fraction = *node.value<double>();
   } else {
     return absl::InvalidArgumentError(absl::StrCat("kv config: unknown key '", std::string(key),
                                                    "'; allowed: ", JoinNames(kConfigKeys),
@@ -231,6 +337,33 @@ const std::string& KvConfig::VCodecOf(int layer_idx) const {
   return v_codec;
 }
 
+const std::string& KvConfig::PolicyOf(int layer_idx) const {
+  for (const LayerCodecs& entry : layer_codecs) {
+    if (entry.layer_idx == layer_idx && !entry.policy.empty()) return entry.policy;
+  }
+  return policy;
+}
+
+bool KvConfig::PolicyUsed(std::string_view name) const {
+  if (policy == name) return true;
+  return std::any_of(layer_codecs.begin(), layer_codecs.end(),
+                     [&](const LayerCodecs& entry) { return entry.policy == name; });
+}
+
+PolicyParams PolicyParamsOf(const KvConfig& config) {
+  return PolicyParams{.sink_tokens = config.policy_sinks,
+                      .recent_tokens = config.policy_recent,
+                      .observation_window = config.observation_window,
+                      .pool_kernel = config.pool_kernel};
+}
+
+bool KvConfig::evicts() const {
+  if (policy != "full") return true;
+  return std::any_of(layer_codecs.begin(), layer_codecs.end(), [](const LayerCodecs& entry) {
+    return !entry.policy.empty() && entry.policy != "full";
+  });
+}
+
 // The additions print only when set, so the lines of earlier reports stay comparable.
 std::string KvConfig::ToString() const {
   std::string out = absl::StrCat(
@@ -240,9 +373,24 @@ std::string KvConfig::ToString() const {
   if (hadamard_keys) absl::StrAppend(&out, " hadamard");
   if (recent_tokens > 0) absl::StrAppend(&out, " recent=", recent_tokens);
   if (!profile.empty()) absl::StrAppend(&out, " profile=", profile);
+  if (budget.is_set()) absl::StrAppend(&out, " budget=", budget.ToString());
+  if (evicts()) {
+    absl::StrAppend(&out, " layer_budget=", layer_budget, " head_budget=", head_budget,
+                    " policy_sinks=", policy_sinks, " policy_recent=", policy_recent,
+                    " aggregation=", score_aggregation, " positions=", positions);
+    if (PolicyUsed("snapkv")) {
+      absl::StrAppend(&out, " observation_window=", observation_window,
+                      " pool_kernel=", pool_kernel);
+    }
+    if (PolicyUsed("duo")) {
+      absl::StrAppend(&out, " head_profile=", head_profile,
+                      " retrieval_fraction=", retrieval_fraction);
+    }
+  }
   for (const LayerCodecs& entry : layer_codecs) {
     absl::StrAppend(&out, " layer.", entry.layer_idx, "=", KCodecOf(entry.layer_idx), "/",
                     VCodecOf(entry.layer_idx));
+    if (!entry.policy.empty()) absl::StrAppend(&out, "/", entry.policy);
   }
   return out;
 }
@@ -270,7 +418,7 @@ absl::Status ValidateKvConfig(const KvConfig& config) {
         absl::StrCat("kv config: max_sequences ", config.max_sequences,
                      " is out of range; allowed: 1..", kMaxSequences));
   }
-  KVS_RETURN_IF_ERROR(CheckName("policy", config.policy, PolicyNames()));
+  KVS_RETURN_IF_ERROR(ValidateSelection(config));
   if (config.sink_tokens < 0 || config.sink_tokens > kMaxSinkTokens) {
     return absl::InvalidArgumentError(absl::StrCat("kv config: sink_tokens ", config.sink_tokens,
                                                    " is out of range; allowed: 0..",
@@ -290,8 +438,8 @@ absl::Status ValidateKvConfig(const KvConfig& config) {
           "kv config: ", field, " has a negative layer index; allowed: layer_idx >= 0"));
     }
     if (std::find(seen_layers.begin(), seen_layers.end(), entry.layer_idx) != seen_layers.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("kv config: layer ", entry.layer_idx,
-                                                     " has two codec overrides; allowed: one"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("kv config: layer ", entry.layer_idx, " has two overrides; allowed: one"));
     }
     seen_layers.push_back(entry.layer_idx);
     if (!entry.k_codec.empty()) {
@@ -299,6 +447,9 @@ absl::Status ValidateKvConfig(const KvConfig& config) {
     }
     if (!entry.v_codec.empty()) {
       KVS_RETURN_IF_ERROR(CheckCodecField(absl::StrCat(field, ".v_codec"), entry.v_codec));
+    }
+    if (!entry.policy.empty()) {
+      KVS_RETURN_IF_ERROR(CheckName(absl::StrCat(field, ".policy"), entry.policy, PolicyNames()));
     }
   }
   return absl::OkStatus();

@@ -1,27 +1,14 @@
 // End-to-end tests on the real model (../shared/models/stories260K.gguf): greedy generation
 // reproduces the reference continuation, and perplexity on real text matches llama.cpp's
 // figure and is the same through every cache layout.
-#include <fstream>
-#include <sstream>
-
 #include "gtest/gtest.h"
 #include "kvstack/engine.h"
+#include "shared_model.h"
 
 namespace kvstack {
 namespace {
 
-const std::string kShared = KVS_SHARED_DIR;
-const std::string kModelPath = kShared + "/models/stories260K.gguf";
-const std::string kTextPath = kShared + "/data/tinystories_valid_head256k.txt";
-
-const LlamaModel& Model() {
-  static const LlamaModel* model = [] {
-    auto loaded = LlamaModel::Load(kModelPath);
-    KVS_CHECK(loaded.ok());
-    return loaded->release();
-  }();
-  return *model;
-}
+const LlamaModel& Model() { return e2e::SharedModel(); }
 
 std::unique_ptr<Engine> MakeEngine(const KvConfig& kv, int context_tokens, int threads = 2) {
   EngineOptions options;
@@ -69,15 +56,8 @@ TEST(ModelE2E, GreedyContinuationMatchesReferenceText) {
             "the park. One day, she saw a big, red ball. She wanted to play with it,");
 }
 
-std::vector<TokenId> TextTokens() {
-  std::ifstream in(kTextPath, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return Model().tokenizer().Encode(text.str(), true);
-}
-
 double PerplexityWith(const KvConfig& kv, int ctx) {
-  static const std::vector<TokenId> tokens = TextTokens();
+  const std::vector<TokenId>& tokens = e2e::SharedTokens();
   auto engine = MakeEngine(kv, ctx);
   PerplexityOptions options;
   options.ctx = ctx;

@@ -46,7 +46,8 @@ TEST_F(SweepCliTest, GridWritesTableCsvJsonAndPlot) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
 
   // Markdown table: header, separator, one row per K x V pair, in grid order.
-  EXPECT_NE(r.out.find("| config (k / v) | bits/elem | bytes/token/layer |"), std::string::npos)
+  EXPECT_NE(r.out.find("| config | bits/elem | bytes/token/layer | compression vs F16 | kept |"),
+            std::string::npos)
       << r.out;
   const size_t f32_f16 = r.out.find("| f32 / f16 | 24.00 | 192.0 | 0.67x |");
   const size_t f32_bf16 = r.out.find("| f32 / bf16 |");
@@ -61,14 +62,15 @@ TEST_F(SweepCliTest, GridWritesTableCsvJsonAndPlot) {
 
   const std::string csv = Slurp(dir_ + "/out.csv");
   EXPECT_EQ(csv.substr(0, csv.find('\n')),
-            "k_codec,v_codec,bits_per_element,bytes_per_token_per_layer,compression_vs_f16,ppl,"
-            "ppl_stderr,delta_ppl_pct,mean_kl,top1_agreement,tokens_scored,"
-            "decode_attention_us_per_token,pareto");
+            "k_codec,v_codec,policy,budget,bits_per_element,bytes_per_token_per_layer,"
+            "compression_vs_f16,kept_fraction,memory_bits,ppl,ppl_stderr,delta_ppl_pct,mean_kl,"
+            "top1_agreement,tokens_scored,decode_attention_us_per_token,pareto");
   EXPECT_EQ(Lines(csv), 1 + 4);
-  EXPECT_NE(csv.find("\nbf16,bf16,16,128,1,"), std::string::npos) << csv;
+  EXPECT_NE(csv.find("\nbf16,bf16,full,,16,128,1,1,16,"), std::string::npos) << csv;
   // The table names the frontier; CSV and JSON mark its rows. Some 16-bit pair has the fewest
   // bits, so the frontier is never empty.
-  EXPECT_NE(r.out.find("Pareto frontier (fewest bits for a given ΔPPL): "), std::string::npos);
+  EXPECT_NE(r.out.find("Pareto frontier (fewest bits of context for a given ΔPPL): "),
+            std::string::npos);
 
   const auto json = nlohmann::json::parse(Slurp(dir_ + "/out.json"));
   EXPECT_EQ(json["ctx"], 64);

@@ -76,7 +76,7 @@ TEST(KvConfigTest, ValidationNamesFieldAndAllowedValues) {
       {[](KvConfig* c) {
          c->layer_codecs = {Override(2, "f32", ""), Override(2, "", "f32")};
        },
-       "layer 2 has two codec overrides; allowed: one"},
+       "layer 2 has two overrides; allowed: one"},
       {[](KvConfig* c) { c->layer_codecs = {Override(1, "", "f17")}; },
        "layer_codecs[layer 1].v_codec 'f17' is invalid"},
       {[](KvConfig* c) { c->layer_codecs = {Override(0, "x", "")}; },

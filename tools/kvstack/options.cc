@@ -14,13 +14,13 @@
 
 namespace kvstack::cli {
 
-void CacheFlags::Add(CLI::App* app, bool with_codec_flags) {
+void CacheFlags::Add(CLI::App* app, bool with_grid_flags) {
   app->add_option("--kv-config", config_path_,
                   "TOML file with the cache configuration (flags override its keys)");
   layout_opt_ = app->add_option("--layout", layout_, "contiguous | paged | ring (default paged)");
   block_size_opt_ =
       app->add_option("--block-size", block_size_, "tokens per block, paged layout (default 16)");
-  if (with_codec_flags) {
+  if (with_grid_flags) {
     k_codec_opt_ = app->add_option(
         "--k-codec", k_codec_, "key storage codec, e.g. f16, int8, int4-g32, kivi2 (default f16)");
     v_codec_opt_ = app->add_option("--v-codec", v_codec_,
@@ -31,7 +31,12 @@ void CacheFlags::Add(CLI::App* app, bool with_codec_flags) {
       "token slots per sequence (ring length for ring); 0 = what the run needs (default 0)");
   max_sequences_opt_ =
       app->add_option("--max-sequences", max_sequences_, "sequences held at once (default 1)");
-  policy_opt_ = app->add_option("--policy", policy_, "selection policy: full (default full)");
+  if (with_grid_flags) {
+    policy_opt_ = app->add_option(
+        "--policy", policy_,
+        "selection policy: full | window | streaming | h2o | tova | snapkv | duo (default full)");
+  }
+  selection_.Add(app, with_grid_flags);
   sink_tokens_opt_ = app->add_option(
       "--sinks", sink_tokens_,
       "first S tokens of every sequence kept in F32 whatever the codecs (default 0)");
@@ -75,7 +80,7 @@ absl::StatusOr<KvConfig> CacheFlags::Resolve() const {
   if (v_codec_opt_ != nullptr && v_codec_opt_->count() > 0) config.v_codec = v_codec_;
   if (capacity_opt_->count() > 0) config.capacity = capacity_;
   if (max_sequences_opt_->count() > 0) config.max_sequences = max_sequences_;
-  if (policy_opt_->count() > 0) config.policy = policy_;
+  if (policy_opt_ != nullptr && policy_opt_->count() > 0) config.policy = policy_;
   if (sink_tokens_opt_->count() > 0) config.sink_tokens = sink_tokens_;
   if (hadamard_keys_) config.hadamard_keys = true;
   if (recent_tokens_opt_->count() > 0) config.recent_tokens = recent_tokens_;
@@ -88,13 +93,17 @@ absl::StatusOr<KvConfig> CacheFlags::Resolve() const {
     std::erase_if(config.layer_codecs, same_layer);
     config.layer_codecs.push_back(std::move(layer));
   }
+  KVS_RETURN_IF_ERROR(selection_.Apply(&config));
   KVS_RETURN_IF_ERROR(ValidateKvConfig(config));
   return config;
 }
 
 void EngineFlags::Add(CLI::App* app) {
   app->add_option("--threads", threads, "kernel threads, 0 = all cores (default 0)");
-  app->add_option("--batch", batch, "tokens per forward pass (default 512)");
+  batch_opt_ = app->add_option(
+      "--batch", batch,
+      "tokens per forward pass (default 512; perplexity and sweep: the window, or 16 when the "
+      "cache evicts)");
 }
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LoadModel(const std::string& path) {
@@ -113,8 +122,10 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path, const std::str
 nlohmann::json KvConfigJson(const KvConfig& config) {
   nlohmann::json layers = nlohmann::json::array();
   for (const KvConfig::LayerCodecs& layer : config.layer_codecs) {
-    layers.push_back(
-        {{"layer_idx", layer.layer_idx}, {"k_codec", layer.k_codec}, {"v_codec", layer.v_codec}});
+    layers.push_back({{"layer_idx", layer.layer_idx},
+                      {"k_codec", layer.k_codec},
+                      {"v_codec", layer.v_codec},
+                      {"policy", layer.policy}});
   }
   return nlohmann::json{{"layout", std::string(LayoutName(config.layout))},
                         {"block_size", config.block_size},
@@ -127,6 +138,17 @@ nlohmann::json KvConfigJson(const KvConfig& config) {
                         {"hadamard_keys", config.hadamard_keys},
                         {"recent_tokens", config.recent_tokens},
                         {"profile", config.profile},
+                        {"budget", config.budget.ToString()},
+                        {"layer_budget", config.layer_budget},
+                        {"head_budget", config.head_budget},
+                        {"policy_sinks", config.policy_sinks},
+                        {"policy_recent", config.policy_recent},
+                        {"observation_window", config.observation_window},
+                        {"pool_kernel", config.pool_kernel},
+                        {"score_aggregation", config.score_aggregation},
+                        {"positions", config.positions},
+                        {"head_profile", config.head_profile},
+                        {"retrieval_fraction", config.retrieval_fraction},
                         {"layer_codecs", layers}};
 }
 

@@ -14,6 +14,7 @@
 #include "kvstack/kv_config.h"
 #include "kvstack/model.h"
 #include "nlohmann/json.hpp"
+#include "selection_flags.h"
 
 namespace kvstack::cli {
 
@@ -21,8 +22,9 @@ namespace kvstack::cli {
 // the command line overrides its key (--layer-codec replaces the TOML table of its layer).
 class CacheFlags {
  public:
-  // with_codec_flags = false leaves --k-codec / --v-codec to the command (sweep takes lists).
-  void Add(CLI::App* app, bool with_codec_flags = true);
+  // with_grid_flags = false leaves --k-codec, --v-codec, --policy and --budget to the command
+  // (sweep takes lists of them).
+  void Add(CLI::App* app, bool with_grid_flags = true);
   absl::StatusOr<KvConfig> Resolve() const;
 
  private:
@@ -45,12 +47,18 @@ class CacheFlags {
   CLI::Option* capacity_opt_ = nullptr;
   CLI::Option* max_sequences_opt_ = nullptr;
   CLI::Option* policy_opt_ = nullptr;
+  SelectionFlags selection_;
 };
 
 struct EngineFlags {
   int threads = 0;
   int batch = 512;
   void Add(CLI::App* app);
+  // Whether --batch was given (commands whose default depends on the cache design ask).
+  bool batch_given() const { return batch_opt_ != nullptr && batch_opt_->count() > 0; }
+
+ private:
+  CLI::Option* batch_opt_ = nullptr;
 };
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LoadModel(const std::string& path);

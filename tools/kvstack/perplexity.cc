@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "command.h"
 #include "options.h"
+#include "run/sequence_logits.h"
 
 namespace kvstack::cli {
 namespace {
@@ -30,12 +31,16 @@ absl::Status RunPerplexity(const PerplexityFlags& flags) {
   engine_options.kv = kv;
   engine_options.context_tokens = flags.ctx;
   engine_options.num_threads = flags.engine.threads;
-  engine_options.max_batch = flags.engine.batch;
+  // An evicting cache acts between forward calls: its default is short calls (kEvictingBatch).
+  const int batch = flags.engine.batch_given() || !kv.evicts()
+                        ? std::min(flags.engine.batch, flags.ctx)
+                        : kEvictingBatch;
+  engine_options.max_batch = batch;
   KVS_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(*model, engine_options));
 
   PerplexityOptions options;
   options.ctx = flags.ctx;
-  options.batch = std::min(flags.engine.batch, flags.ctx);
+  options.batch = batch;
   PerplexityResult result;
   {
     ProgressBar bar("perplexity");

@@ -1,0 +1,58 @@
+// `kvstack sweep`'s parts: the flags, the grid of configurations they describe, and the two
+// modes that run it — perplexity windows (sweep.cc) and one long stream (sweep_stream.cc).
+#pragma once
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "command.h"
+#include "kvstack/kv_config.h"
+#include "kvstack/model.h"
+#include "options.h"
+#include "run/evaluate.h"
+#include "run/long_context_eval.h"
+
+namespace kvstack::cli {
+
+struct SweepFlags {
+  std::string model;
+  std::string file;
+  int ctx = 512;
+  std::vector<std::string> k_codecs;
+  std::vector<std::string> v_codecs;
+  bool pairs = false;
+  std::vector<std::string> policies;
+  std::vector<std::string> budgets;
+  bool retrieval_probe = false;
+  int stream_tokens = 0;
+  int segment_tokens = 512;
+  int max_windows = 0;
+  std::string csv_path;
+  std::string json_path;
+  std::string plot_prefix;
+  CacheFlags cache;
+  EngineFlags engine;
+};
+
+// The configurations of the sweep: the base with each codec pair, policy and budget
+// substituted ("full" takes no budget, so it appears once per codec pair; an evicting policy
+// needs at least one budget).
+absl::StatusOr<std::vector<KvConfig>> BuildGrid(const SweepFlags& flags, const KvConfig& base);
+
+// "k / v", followed by "policy@budget" for evicting configurations.
+std::string SweepLabel(const KvConfig& config);
+
+// An output path must have an existing directory, checked before the sweep runs rather than
+// discovered after it.
+absl::Status CheckOutputPath(const std::string& flag, const std::string& path);
+// Writes `text` to `path` ("-" = stdout); errors name the flag.
+absl::Status WriteOutput(const std::string& flag, const std::string& path, const std::string& text);
+
+// --stream: every configuration (and the F32 full cache) over one stream of
+// options.ctx tokens, perplexity per segment.
+absl::Status RunStreamSweep(const SweepFlags& flags, const KvConfig& base,
+                            const std::vector<KvConfig>& grid, const LlamaModel& model,
+                            std::span<const TokenId> tokens, const EvaluateOptions& options);
+
+}  // namespace kvstack::cli

@@ -1,0 +1,94 @@
+// The sweep's grid and output plumbing, shared by both of its modes.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "sweep.h"
+
+namespace kvstack::cli {
+
+absl::StatusOr<std::vector<KvConfig>> BuildGrid(const SweepFlags& flags, const KvConfig& base) {
+  std::vector<std::string> k_codecs = flags.k_codecs;
+  std::vector<std::string> v_codecs = flags.v_codecs;
+  if (k_codecs.empty()) k_codecs.push_back(base.k_codec);
+  if (v_codecs.empty()) v_codecs.push_back(base.v_codec);
+  std::vector<std::pair<std::string, std::string>> codecs;
+  if (flags.pairs) {
+    if (k_codecs.size() != v_codecs.size()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--pairs zips --k-codec and --v-codec, which must then have the same length; got %d "
+          "key and %d value codecs",
+          k_codecs.size(), v_codecs.size()));
+    }
+    for (size_t i = 0; i < k_codecs.size(); ++i) codecs.emplace_back(k_codecs[i], v_codecs[i]);
+  } else {
+    for (const std::string& k : k_codecs) {
+      for (const std::string& v : v_codecs) codecs.emplace_back(k, v);
+    }
+  }
+  std::vector<KvBudget> budgets;
+  for (const std::string& text : flags.budgets) {
+    absl::StatusOr<KvBudget> budget = ParseKvBudget(text);
+    if (!budget.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--budget: ", budget.status().message()));
+    }
+    budgets.push_back(*budget);
+  }
+  if (budgets.empty()) budgets.push_back(base.budget);
+  std::vector<std::string> policies = flags.policies;
+  if (policies.empty()) policies.push_back(base.policy);
+
+  std::vector<KvConfig> grid;
+  for (const auto& [k, v] : codecs) {
+    for (const std::string& policy : policies) {
+      const bool full = policy == "full";
+      if (!full && !budgets.front().is_set()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--policy ", policy, " evicts and needs --budget (e.g. --budget 64,128,256)"));
+      }
+      for (const KvBudget& budget : budgets) {
+        KvConfig config = base;
+        config.k_codec = k;
+        config.v_codec = v;
+        config.policy = policy;
+        config.budget = full ? KvBudget{} : budget;
+        grid.push_back(std::move(config));
+        if (full) break;  // one full-cache row per codec pair
+      }
+    }
+  }
+  return grid;
+}
+
+std::string SweepLabel(const KvConfig& config) {
+  std::string label = absl::StrCat(config.k_codec, " / ", config.v_codec);
+  if (config.evicts()) absl::StrAppend(&label, " ", config.policy, "@", config.budget.ToString());
+  return label;
+}
+
+absl::Status CheckOutputPath(const std::string& flag, const std::string& path) {
+  if (path.empty() || path == "-") return absl::OkStatus();
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty() && !std::filesystem::is_directory(parent)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s '%s': directory '%s' does not exist", flag, path, parent.string()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteOutput(const std::string& flag, const std::string& path,
+                         const std::string& text) {
+  if (path == "-") {
+    std::fputs(text.c_str(), stdout);
+    return absl::OkStatus();
+  }
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  out.close();
+  if (!out) return absl::UnavailableError(absl::StrFormat("%s: cannot write '%s'", flag, path));
+  return absl::OkStatus();
+}
+
+}  // namespace kvstack::cli
