@@ -76,6 +76,15 @@ class Engine {
   absl::Status Forward(SeqId seq_id, std::span<const TokenId> tokens, bool all_logits,
                        std::vector<float>* logits);
 
+  // Observes attention, for calibration: after each layer's attention in every forward call,
+  // `observer` gets the probabilities the call's last query gave each logical token of that
+  // layer, per kv head (the mean over the kv head's query heads): scores[h * stride + t] for t
+  // < the head's token count. Costs a score pass per layer while set; clear with an empty
+  // function. FailedPrecondition for an evicting cache (its policies own the scores).
+  using AttentionObserver =
+      std::function<void(int layer_idx, std::span<const float> scores, int stride)>;
+  absl::Status SetAttentionObserver(AttentionObserver observer);
+
   const EngineProfile& profile() const { return profile_; }
   void ResetProfile() { profile_ = EngineProfile{}; }
 
@@ -92,6 +101,8 @@ class Engine {
   EngineOptions options_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<Evictor> evictor_;  // null unless the configuration evicts
+  AttentionObserver observer_;
+  std::vector<float> observed_scores_;  // [num_kv_heads][capacity] while observer_ is set
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<Scratch> scratch_;
   std::vector<int> next_pos_;  // by seq_id

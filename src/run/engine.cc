@@ -50,6 +50,18 @@ Engine::Engine(const LlamaModel& model, const EngineOptions& options,
 
 Engine::~Engine() = default;
 
+absl::Status Engine::SetAttentionObserver(AttentionObserver observer) {
+  if (evictor_ != nullptr && observer) {
+    return absl::FailedPreconditionError(
+        "attention observer: the cache evicts, and its policies own the attention scores");
+  }
+  observer_ = std::move(observer);
+  observed_scores_.assign(
+      observer_ ? static_cast<size_t>(model_.hparams().num_kv_heads) * options_.kv.capacity : 0,
+      0.0f);
+  return absl::OkStatus();
+}
+
 double Engine::kept_fraction() const {
   return evictor_ != nullptr ? evictor_->KeptFraction(options_.context_tokens) : 1.0;
 }
@@ -231,12 +243,22 @@ absl::Status Engine::ForwardBatch(SeqId seq_id, std::span<const TokenId> tokens,
     const AttentionScores* scores =
         evictor_ != nullptr ? evictor_->BeginLayerStep(seq_id, layer_idx, layer_pos0, m, m)
                             : nullptr;
+    AttentionScores observed;
+    if (observer_) {
+      std::fill(observed_scores_.begin(), observed_scores_.end(), 0.0f);
+      observed = {.out = observed_scores_.data(),
+                  .stride = static_cast<int>(options_.kv.capacity),
+                  .first_query = m - 1,
+                  .aggregation = ScoreAggregation::kMean};
+      scores = &observed;
+    }
     const KvLayerView view = cache_->View(seq_id, layer_idx);
     const auto attention_start = std::chrono::steady_clock::now();
     AttentionAnyHeads(view, s.q.data(), m, attention_params, s.attn.data(), pool, scores);
     profile_.attention_seconds += SecondsSince(attention_start);
     profile_.attention_calls += 1;
     profile_.cache_bytes_read += static_cast<double>(DecodeBytesRead(view));
+    if (observer_) observer_(layer_idx, observed_scores_, observed.stride);
     if (evictor_ != nullptr) {
       const auto eviction_start = std::chrono::steady_clock::now();
       KVS_RETURN_IF_ERROR(evictor_->EndLayerStep(seq_id, layer_idx, *cache_));

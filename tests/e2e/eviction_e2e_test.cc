@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "kvstack/engine.h"
 #include "kvstack/head_profile.h"
+#include "run/head_calibration.h"
 #include "run/long_context_eval.h"
 #include "shared_model.h"
 
@@ -255,6 +256,52 @@ TEST(EvictionE2E, DuoKeepsEverythingInRetrievalHeadsOnly) {
       EXPECT_EQ((*engine)->cache().HeadTokens(*seq, layer, h), expected) << layer << "," << h;
     }
   }
+}
+
+}  // namespace
+}  // namespace kvstack
+
+namespace kvstack {
+namespace {
+
+TEST(HeadCalibrationE2E, MeasuresHeadsThatDifferAndDuoRunsWithTheProfile) {
+  HeadCalibrationOptions options;
+  options.ctx = 256;
+  options.max_windows = 2;
+  options.num_threads = 2;
+  auto profile = MeasureHeadProfile(Model(), e2e::SharedTokens(), options);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_TRUE(profile
+                  ->CheckMatches(Model().gguf().ContentHash(), Model().hparams().num_layers,
+                                 Model().hparams().num_kv_heads)
+                  .ok());
+  // Scores are shares of attention mass; stories260K's heads differ in how far back they look.
+  const auto [lowest, highest] =
+      std::minmax_element(profile->scores().begin(), profile->scores().end());
+  EXPECT_GE(*lowest, 0.0);
+  EXPECT_LE(*highest, 1.0);
+  EXPECT_GT(*highest, 2 * *lowest + 0.01);
+
+  // With the measured profile, duo runs and keeps everything only in the retrieval heads.
+  const std::string path =
+      ::testing::TempDir() + "/measured_" + std::to_string(getpid()) + ".heads";
+  ASSERT_TRUE(profile->Save(path).ok());
+  KvConfig kv = Evicting("duo", 48);
+  kv.head_profile = path;
+  kv.retrieval_fraction = 0.25;
+  auto engine = MakeEngine(kv, 160, 16);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::vector<float> logits = RunChecked(**engine, Text(160), 16, 160);
+  for (float l : logits) ASSERT_TRUE(std::isfinite(l));
+}
+
+TEST(HeadCalibrationE2E, BadOptionsAreOneLine) {
+  HeadCalibrationOptions options;
+  options.ctx = 32;
+  options.recent_tokens = 64;
+  auto profile = MeasureHeadProfile(Model(), e2e::SharedTokens(), options);
+  ASSERT_FALSE(profile.ok());
+  EXPECT_THAT(std::string(profile.status().message()), HasSubstr("ctx > sinks + window"));
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "absl/strings/str_format.h"
+#include "calibrate_heads.h"
 #include "command.h"
 #include "kvstack/kv_profile.h"
 #include "options.h"
@@ -21,6 +22,8 @@ struct CalibrateFlags {
   std::string out;
   int ctx = 512;
   int max_windows = 16;
+  bool heads = false;
+  CalibrateHeadsFlags head_flags;
   EngineFlags engine;
 };
 
@@ -45,6 +48,10 @@ std::vector<float> LayerRows(const KvLayerView& view, bool keys) {
 absl::Status RunCalibrate(const CalibrateFlags& flags) {
   if (flags.max_windows < 1) return absl::InvalidArgumentError("--max-windows must be >= 1");
   if (flags.ctx < 2) return absl::InvalidArgumentError("--ctx must be >= 2");
+  if (flags.heads) {
+    return RunCalibrateHeads(flags.model, flags.file, flags.out, flags.ctx, flags.max_windows,
+                             flags.engine.threads, flags.head_flags);
+  }
   KVS_ASSIGN_OR_RETURN(const std::string text, ReadTextFile(flags.file, "text file"));
   KVS_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LoadModel(flags.model));
   const std::vector<TokenId> tokens = model->tokenizer().Encode(text, /*add_bos=*/true);
@@ -121,12 +128,21 @@ absl::Status RunCalibrate(const CalibrateFlags& flags) {
 RunFn RegisterCalibrate(CLI::App& app) {
   auto flags = std::make_shared<CalibrateFlags>();
   CLI::App* sub = app.add_subcommand(
-      "calibrate", "Measure per-layer, per-kv-head PCA of keys and values on real text");
+      "calibrate",
+      "Measure per-layer, per-kv-head PCA of keys and values on real text (low-rank and latent "
+      "codecs), or with --heads how far back each head looks (policy duo)");
   sub->add_option("--model,-m", flags->model, "GGUF model file")->required();
   sub->add_option("--file,-f", flags->file, "text file")->required();
   sub->add_option("--out,-o", flags->out, "profile file to write")->required();
   sub->add_option("--ctx,-c", flags->ctx, "window length in tokens (default 512)");
   sub->add_option("--max-windows", flags->max_windows, "windows of text to use (default 16)");
+  sub->add_flag("--heads", flags->heads,
+                "write a head profile instead: per (layer, kv head) the attention mass outside "
+                "the sinks and a recent window (DuoAttention's retrieval heads)");
+  sub->add_option("--head-sinks", flags->head_flags.sink_tokens,
+                  "--heads: sink tokens a streaming head keeps (default 4)");
+  sub->add_option("--head-window", flags->head_flags.recent_tokens,
+                  "--heads: recent tokens a streaming head keeps (default 64)");
   flags->engine.Add(sub);
   return [flags]() { return RunCalibrate(*flags); };
 }
