@@ -25,6 +25,7 @@
 #include "kvstack/check.h"
 #include "kvstack/kv_profile.h"
 #include "represent/hadamard.h"
+#include "represent/latent_codec.h"
 #include "represent/lowrank_codec.h"
 #include "store/kv_cache_impl.h"
 
@@ -37,7 +38,10 @@ constexpr size_t kMaxReservedBytes = size_t{64} << 30;  // 64 GiB: beyond that i
 // One arena of one layer: [num_blocks][num_kv_heads][block_size][unit_bytes], zeroed so that
 // unwritten rows decode to zeros rather than garbage (and NaNs) in every codec.
 absl::StatusOr<ArenaPtr> AllocateArena(size_t bytes) {
-  const size_t rounded = (bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+  // At least one line: a joint layer's value arena has no bytes, and aligned_alloc(0) may
+  // return null.
+  const size_t rounded =
+      std::max<size_t>(1, (bytes + kArenaAlignment - 1) / kArenaAlignment) * kArenaAlignment;
   auto* p = static_cast<std::byte*>(std::aligned_alloc(kArenaAlignment, rounded));
   if (p == nullptr) {
     return absl::ResourceExhaustedError(
@@ -148,16 +152,13 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
   auto make_codec = [&](const std::string& name, int layer_idx,
                         CodecRole role) -> absl::StatusOr<std::unique_ptr<Codec>> {
     if (!IsLowRankCodecName(name)) return registry(name, options.head_dim, role);
-    KVS_ASSIGN_OR_RETURN(
-        std::unique_ptr<LowRankCodec> codec,
-        LowRankCodec::Create(name, *profile, layer_idx,
-                             role == CodecRole::kKey ? KvKind::kKey : KvKind::kValue));
-    return std::unique_ptr<Codec>(std::move(codec));
+    return CreateProfiledCodec(name, *profile, layer_idx, role);
   };
   std::vector<Impl::Layer> layers(options.num_layers);
   int64_t period_lcm = 1;  // every layer's units must fit a contiguous region
   for (int layer_idx = 0; layer_idx < options.num_layers; ++layer_idx) {
     Impl::Layer& layer = layers[layer_idx];
+    KVS_RETURN_IF_ERROR(CheckLatentPair(config.KCodecOf(layer_idx), config.VCodecOf(layer_idx)));
     KVS_ASSIGN_OR_RETURN(layer.k_codec,
                          make_codec(config.KCodecOf(layer_idx), layer_idx, CodecRole::kKey));
     KVS_ASSIGN_OR_RETURN(layer.v_codec,
@@ -181,9 +182,8 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
   const Wide total_slots = num_blocks * block_size;
   Wide block_bytes = 0;  // one block in every layer, keys and values
   for (const Impl::Layer& layer : layers) {
-    for (const Codec* codec : {layer.k_codec.get(), layer.v_codec.get()}) {
-      block_bytes += block_size / codec->group_tokens() * codec->unit_bytes();
-    }
+    block_bytes += block_size / layer.k_codec->group_tokens() * layer.k_codec->unit_bytes();
+    block_bytes += block_size / layer.v_codec->group_tokens() * layer.v_arena_unit_bytes();
   }
   const Wide reserved = num_blocks * options.num_kv_heads * block_bytes;
   if (reserved > kMaxReservedBytes || total_slots > std::numeric_limits<int32_t>::max()) {
@@ -204,7 +204,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
                            layer.k_codec->unit_bytes();
     layer.v_block_stride = static_cast<size_t>(options.num_kv_heads) *
                            (impl->block_size / layer.v_codec->group_tokens()) *
-                           layer.v_codec->unit_bytes();
+                           layer.v_arena_unit_bytes();
     const size_t num_arena_blocks = static_cast<size_t>(num_blocks);
     KVS_ASSIGN_OR_RETURN(layer.k, AllocateArena(num_arena_blocks * layer.k_block_stride));
     KVS_ASSIGN_OR_RETURN(layer.v, AllocateArena(num_arena_blocks * layer.v_block_stride));
@@ -374,9 +374,8 @@ int KvCache::num_layers() const { return impl_->options.num_layers; }
 double KvCache::bytes_per_token() const {
   double bytes = 0.0;
   for (const Impl::Layer& layer : impl_->layers) {
-    for (const Codec* codec : {layer.k_codec.get(), layer.v_codec.get()}) {
-      bytes += static_cast<double>(codec->unit_bytes()) / codec->group_tokens();
-    }
+    bytes += static_cast<double>(layer.k_codec->unit_bytes()) / layer.k_codec->group_tokens();
+    bytes += static_cast<double>(layer.v_arena_unit_bytes()) / layer.v_codec->group_tokens();
   }
   return bytes * impl_->options.num_kv_heads;
 }

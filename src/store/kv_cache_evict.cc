@@ -122,7 +122,9 @@ absl::Status KvCache::RetainTokens(SeqId seq_id, int layer_idx, int kv_head,
   };
   const Codec& k_codec = *layer.k_codec;
   const bool rotated = impl_->options.config.hadamard_keys;
-  std::vector<float> key(impl_->options.head_dim);
+  // A joint (latent) unit holds the value too: it moves, and is re-encoded, with the key.
+  const bool joint = layer.joint();
+  std::vector<float> key(impl_->options.head_dim), value(impl_->options.head_dim);
   for (int i = first_moved; i < num_kept; ++i) {
     std::byte* k_src = row_of(layer.k, view.k, keep[i]);
     std::byte* k_dst = row_of(layer.k, view.k, i);
@@ -130,14 +132,21 @@ absl::Status KvCache::RetainTokens(SeqId seq_id, int layer_idx, int kv_head,
       // H is orthonormal and symmetric, so applying it again undoes it: the callback sees the
       // key as the model wrote it, and the result is stored rotated like every other key.
       k_codec.DecodeHead(kv_head, {k_src, view.k.unit_bytes}, key);
+      if (joint) layer.v_codec->DecodeHead(kv_head, {k_src, view.k.unit_bytes}, value);
       if (rotated) HadamardRotate(key);
       rewrite(keep[i], i, key);
       if (rotated) HadamardRotate(key);
-      k_codec.EncodeHead(kv_head, key, {k_dst, view.k.unit_bytes});
+      if (joint) {
+        k_codec.EncodeJointHead(kv_head, key, value, {k_dst, view.k.unit_bytes});
+      } else {
+        k_codec.EncodeHead(kv_head, key, {k_dst, view.k.unit_bytes});
+      }
     } else {
       std::memcpy(k_dst, k_src, view.k.unit_bytes);
     }
-    std::memcpy(row_of(layer.v, view.v, i), row_of(layer.v, view.v, keep[i]), view.v.unit_bytes);
+    if (!joint) {
+      std::memcpy(row_of(layer.v, view.v, i), row_of(layer.v, view.v, keep[i]), view.v.unit_bytes);
+    }
   }
 
   // Back to the compact form once every head holds the maximum again.

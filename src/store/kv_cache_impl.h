@@ -55,6 +55,21 @@ struct KvCache::Impl {
     size_t v_block_stride = 0;
     ArenaPtr k;
     ArenaPtr v;
+
+    // A joint (latent) layer encodes a token's key and value together into the key arena's
+    // unit: its value arena is empty and its value view reads the key arena (codec.h).
+    bool joint() const { return k_codec->joint(); }
+    // Bytes of one value unit in the value arena.
+    size_t v_arena_unit_bytes() const { return joint() ? 0 : v_codec->unit_bytes(); }
+    // The arena a value view reads.
+    const ArenaPtr& v_arena() const { return joint() ? k : v; }
+    // Encodes one head's keys and values into their units (v_dst is not written when joint).
+    void EncodeHead(int kv_head, std::span<const float> k_src, std::span<const float> v_src,
+                    std::span<std::byte> k_dst, std::span<std::byte> v_dst) const {
+      if (joint()) return k_codec->EncodeJointHead(kv_head, k_src, v_src, k_dst);
+      k_codec->EncodeHead(kv_head, k_src, k_dst);
+      v_codec->EncodeHead(kv_head, v_src, v_dst);
+    }
   };
 
   KvCacheOptions options;

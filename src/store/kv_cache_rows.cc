@@ -30,13 +30,11 @@ void KvCache::Write(SeqId seq_id, int layer_idx, int logical_begin, std::span<co
   Impl::Sequence& seq = impl_->MutableSeq(seq_id);
   Impl::SideBuffers& side = seq.layers[layer_idx];
   Impl::Layer& layer = impl_->layers[layer_idx];
-  const Codec& k_codec = *layer.k_codec;
-  const Codec& v_codec = *layer.v_codec;
   auto k_unit = [&](int32_t block_id, int unit_idx, int kv_head) {
     return layer.k.get() + (view.k.Unit(block_id, unit_idx, kv_head) - view.k.base);
   };
   auto v_unit = [&](int32_t block_id, int unit_idx, int kv_head) {
-    return layer.v.get() + (view.v.Unit(block_id, unit_idx, kv_head) - view.v.base);
+    return layer.v_arena().get() + (view.v.Unit(block_id, unit_idx, kv_head) - view.v.base);
   };
   const int period = layer.period;
   const int sink_tokens = impl_->sink_tokens();
@@ -78,12 +76,11 @@ void KvCache::Write(SeqId seq_id, int layer_idx, int logical_begin, std::span<co
       }
       const int k_tokens = view.k.group_tokens;
       const int v_tokens = view.v.group_tokens;
-      k_codec.EncodeHead(h, pending_k,
-                         {k_unit(block_id, first_row / k_tokens, h),
-                          static_cast<size_t>(period / k_tokens) * view.k.unit_bytes});
-      v_codec.EncodeHead(h, pending_v,
-                         {v_unit(block_id, first_row / v_tokens, h),
-                          static_cast<size_t>(period / v_tokens) * view.v.unit_bytes});
+      layer.EncodeHead(h, pending_k, pending_v,
+                       {k_unit(block_id, first_row / k_tokens, h),
+                        static_cast<size_t>(period / k_tokens) * view.k.unit_bytes},
+                       {v_unit(block_id, first_row / v_tokens, h),
+                        static_cast<size_t>(period / v_tokens) * view.v.unit_bytes});
     }
   };
 
@@ -136,18 +133,19 @@ void KvCache::Write(SeqId seq_id, int layer_idx, int logical_begin, std::span<co
     const int begin = std::max(logical_begin, shift);
     const int end = logical_begin + num_tokens;
     if (begin >= end) continue;
-    view.ForEachRun(
-        begin - shift, end - shift, [&](int run_begin, int count, int32_t block_id, int row_begin) {
-          // Shared (forked) blocks lie below every head's count and are never rewritten;
-          // writing one would change the other sequence's history.
-          KVS_DCHECK(impl_->pool.ref_count(block_id) == 1);
-          for (int c = 0; c < count; ++c) {
-            const int t = run_begin + c + shift - logical_begin;
-            const int row = row_begin + c;
-            k_codec.EncodeHead(h, key_row(t, h), {k_unit(block_id, row, h), view.k.unit_bytes});
-            v_codec.EncodeHead(h, value_row(t, h), {v_unit(block_id, row, h), view.v.unit_bytes});
-          }
-        });
+    view.ForEachRun(begin - shift, end - shift,
+                    [&](int run_begin, int count, int32_t block_id, int row_begin) {
+                      // Shared (forked) blocks lie below every head's count and are never
+                      // rewritten; writing one would change the other sequence's history.
+                      KVS_DCHECK(impl_->pool.ref_count(block_id) == 1);
+                      for (int c = 0; c < count; ++c) {
+                        const int t = run_begin + c + shift - logical_begin;
+                        const int row = row_begin + c;
+                        layer.EncodeHead(h, key_row(t, h), value_row(t, h),
+                                         {k_unit(block_id, row, h), view.k.unit_bytes},
+                                         {v_unit(block_id, row, h), view.v.unit_bytes});
+                      }
+                    });
   }
 }
 
@@ -161,7 +159,8 @@ KvLayerView KvCache::View(SeqId seq_id, int layer_idx) const {
   const int encoded_end = impl_->EncodedEnd(layer, seq.num_tokens);
   return KvLayerView{
       .k = impl_->ArenaView(layer.k, *layer.k_codec, layer.k_block_stride),
-      .v = impl_->ArenaView(layer.v, *layer.v_codec, layer.v_block_stride),
+      .v = layer.joint() ? impl_->ArenaView(layer.k, *layer.v_codec, layer.k_block_stride)
+                         : impl_->ArenaView(layer.v, *layer.v_codec, layer.v_block_stride),
       .block_table = seq.block_table,
       .block_size = impl_->block_size,
       .first_slot = seq.first_slot,
