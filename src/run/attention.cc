@@ -6,6 +6,7 @@
 
 #include "represent/hadamard.h"
 #include "run/attention_kernels.h"
+#include "run/lowrank_attention.h"
 
 namespace kvstack {
 
@@ -17,6 +18,8 @@ void Attention(const KvLayerView& view, const float* q, int num_queries,
   KVS_CHECK(0 <= num_queries && num_queries <= view.num_tokens);
   KVS_CHECK(!view.keys_rotated || IsPowerOfTwo(view.head_dim));
   if (num_queries == 0) return;
+  if (LowRankFormApplies(view, scores))
+    return LowRankAttention(view, q, num_queries, params, out, pool);
   if (scores != nullptr) {
     KVS_CHECK(scores->out != nullptr && scores->stride >= view.num_tokens);
     KVS_CHECK(0 <= scores->first_query && scores->first_query < num_queries);
