@@ -64,7 +64,12 @@ struct KvConfig {
   // refuses one). The layer schedule and head split spread it (policy.h).
   KvBudget budget;
   std::string layer_budget = "uniform";  // "uniform" | "pyramid"
-  std::string head_budget = "uniform";   // "uniform" | "adaptive"
+  // How many decode steps one eviction serves: a kv head over its budget is cut to
+  // budget + 1 - evict_step tokens, so it holds between that and the budget, and its rows
+  // (an O(tokens) move) move once per evict_step steps. 1: every step, exactly the budget
+  // (the classic policies). 0: budget / 16, between 1 and 32. Default: 0.
+  int evict_step = 0;
+  std::string head_budget = "uniform";  // "uniform" | "adaptive"
   // Policy parameters (PolicyParams): sinks and recent tokens the policy always keeps (-1:
   // half the budget), SnapKV's observation window and pooling width.
   int policy_sinks = 4;
@@ -126,7 +131,7 @@ absl::Status ValidateKvConfig(const KvConfig& config);
 
 // Parses TOML text. Keys (all optional, defaults above): layout, block_size, k_codec, v_codec,
 // capacity, max_sequences, policy, sink_tokens, recent_tokens, hadamard_keys, profile, budget
-// (integer tokens or a string as ParseKvBudget takes), layer_budget, head_budget,
+// (integer tokens or a string as ParseKvBudget takes), layer_budget, head_budget, evict_step,
 // policy_sinks, policy_recent, observation_window, pool_kernel, score_aggregation, positions,
 // head_profile, retrieval_fraction — at top level or under a [kv] table — and [kv.layer.N]
 // tables with k_codec / v_codec / policy. Unknown keys

@@ -121,9 +121,9 @@ absl::StatusOr<std::unique_ptr<Evictor>> Engine::CreateEvictor(const LlamaModel&
   KVS_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> probe,
                        KvCache::Create(CacheOptionsFor(model, probe_config)));
   KVS_RETURN_IF_ERROR(probe->CheckCanEvict());
-  KVS_ASSIGN_OR_RETURN(
-      std::unique_ptr<Evictor> evictor,
-      Evictor::Create(model, resolved.kv, resolved.context_tokens, probe->bytes_per_token()));
+  KVS_ASSIGN_OR_RETURN(std::unique_ptr<Evictor> evictor,
+                       Evictor::Create(model.hparams(), model.gguf().ContentHash(), resolved.kv,
+                                       resolved.context_tokens, probe->bytes_per_token()));
   const int64_t needed = std::min<int64_t>(
       resolved.context_tokens, static_cast<int64_t>(evictor->MaxHeadTokens()) +
                                    std::min(resolved.max_batch, resolved.context_tokens));

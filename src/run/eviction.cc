@@ -10,11 +10,14 @@
 
 namespace kvstack {
 
-absl::StatusOr<std::unique_ptr<Evictor>> Evictor::Create(const LlamaModel& model,
+// evict_step 0 (auto) frees budget / 16 tokens per eviction, at most this many.
+constexpr int kMaxAutoEvictStep = 32;
+
+absl::StatusOr<std::unique_ptr<Evictor>> Evictor::Create(const LlamaHparams& hp,
+                                                         uint64_t model_hash,
                                                          const KvConfig& config, int context_tokens,
                                                          double bytes_per_token) {
   KVS_CHECK(config.evicts());
-  const LlamaHparams& hp = model.hparams();
   std::unique_ptr<Evictor> evictor(new Evictor(hp, config));
   KVS_ASSIGN_OR_RETURN(evictor->split_, ParseHeadSplit(config.head_budget));
   KVS_ASSIGN_OR_RETURN(const LayerSchedule schedule, ParseLayerSchedule(config.layer_budget));
@@ -35,8 +38,7 @@ absl::StatusOr<std::unique_ptr<Evictor>> Evictor::Create(const LlamaModel& model
   std::vector<bool> retrieval_heads;
   if (config.PolicyUsed("duo")) {
     KVS_ASSIGN_OR_RETURN(const HeadProfile profile, HeadProfile::Load(config.head_profile));
-    KVS_RETURN_IF_ERROR(
-        profile.CheckMatches(model.gguf().ContentHash(), hp.num_layers, hp.num_kv_heads));
+    KVS_RETURN_IF_ERROR(profile.CheckMatches(model_hash, hp.num_layers, hp.num_kv_heads));
     retrieval_heads = profile.RetrievalHeads(config.retrieval_fraction);
   }
   for (int layer_idx = 0; layer_idx < hp.num_layers; ++layer_idx) {
@@ -44,6 +46,11 @@ absl::StatusOr<std::unique_ptr<Evictor>> Evictor::Create(const LlamaModel& model
     KVS_ASSIGN_OR_RETURN(layer.policy, CreatePolicy(config.PolicyOf(layer_idx), params));
     const bool full = layer.policy->name() == "full";
     layer.budget = full ? context_tokens : budgets[layer_idx];
+    layer.step = config.evict_step > 0 ? config.evict_step
+                                       : std::clamp(layer.budget / 16, 1, kMaxAutoEvictStep);
+    // A cut keeps budget + 1 - step tokens: never fewer than the sinks the policy protects
+    // plus one.
+    layer.step = std::clamp(layer.step, 1, std::max(1, layer.budget - params.sink_tokens));
     layer.keep_all.assign(hp.num_kv_heads, full);
     if (layer.policy->name() == "duo") {
       for (int h = 0; h < hp.num_kv_heads; ++h) {
@@ -137,10 +144,10 @@ absl::Status Evictor::EndLayerStep(SeqId seq_id, int layer_idx, KvCache& cache) 
                                     .scores = layer.policy->needs_scores()
                                                   ? state.Scores(layer_idx, h)
                                                   : std::span<const float>(),
-                                    .budget = layer.budget});
+                                    .budget = layer.budget + 1 - layer.step});
   }
   std::vector<std::vector<int>> keep;
-  SelectLayer(*layer.policy, split_, inputs, layer.budget, &keep);
+  SelectLayer(*layer.policy, split_, inputs, layer.budget + 1 - layer.step, &keep);
 
   for (size_t i = 0; i < heads.size(); ++i) {
     const int h = heads[i];

@@ -27,10 +27,12 @@ namespace kvstack {
 class Evictor {
  public:
   // Builds the per-layer policies and budgets of `config` (which must evict: config.evicts())
-  // for `model`. context_tokens resolves fractional budgets, bytes_per_token byte budgets.
+  // for a model of this shape and content hash (a head profile must match it).
+  // context_tokens resolves fractional budgets, bytes_per_token byte budgets.
   // Errors: policy parameters, a budget larger than the context, a head profile that is
   // missing, unreadable or of another model — one line each.
-  static absl::StatusOr<std::unique_ptr<Evictor>> Create(const LlamaModel& model,
+  static absl::StatusOr<std::unique_ptr<Evictor>> Create(const LlamaHparams& hparams,
+                                                         uint64_t model_hash,
                                                          const KvConfig& config, int context_tokens,
                                                          double bytes_per_token);
 
@@ -39,6 +41,9 @@ class Evictor {
   int MaxHeadTokens() const { return max_head_tokens_; }
   // The tokens per kv head layer `layer_idx` keeps (the policy budget; see LayerBudgets).
   int LayerBudget(int layer_idx) const { return layers_[layer_idx].budget; }
+  // Decode steps one eviction serves (config.evict_step resolved): a head over its budget is
+  // cut to budget + 1 - step, so the O(tokens) compaction runs once per `step` decode steps.
+  int LayerStep(int layer_idx) const { return layers_[layer_idx].step; }
 
   // The mean over layers and kv heads of the share of a `context_tokens` context each keeps.
   double KeptFraction(int context_tokens) const;
@@ -62,6 +67,7 @@ class Evictor {
   struct Layer {
     std::unique_ptr<SelectionPolicy> policy;
     int budget = 0;
+    int step = 0;
     // Heads that keep every token (duo's retrieval heads); [num_kv_heads].
     std::vector<bool> keep_all;
   };

@@ -30,15 +30,30 @@ constexpr std::array<std::string_view, 3> kLayoutNames = {"contiguous", "paged",
 
 // Every key a config file may set, in the order ToString prints the fields. "layer" is the
 // table of per-layer codec overrides: [kv.layer.N] k_codec = ..., v_codec = ...
-constexpr std::array<std::string_view, 23> kConfigKeys = {
-    "layout",       "block_size",        "k_codec",
-    "v_codec",      "capacity",          "max_sequences",
-    "policy",       "sink_tokens",       "hadamard_keys",
-    "layer",        "profile",           "recent_tokens",
-    "budget",       "layer_budget",      "head_budget",
-    "policy_sinks", "policy_recent",     "observation_window",
-    "pool_kernel",  "score_aggregation", "positions",
-    "head_profile", "retrieval_fraction"};
+constexpr std::array<std::string_view, 24> kConfigKeys = {"layout",
+                                                          "block_size",
+                                                          "k_codec",
+                                                          "v_codec",
+                                                          "capacity",
+                                                          "max_sequences",
+                                                          "policy",
+                                                          "sink_tokens",
+                                                          "hadamard_keys",
+                                                          "layer",
+                                                          "profile",
+                                                          "recent_tokens",
+                                                          "budget",
+                                                          "layer_budget",
+                                                          "head_budget",
+                                                          "policy_sinks",
+                                                          "policy_recent",
+                                                          "observation_window",
+                                                          "pool_kernel",
+                                                          "score_aggregation",
+                                                          "positions",
+                                                          "head_profile",
+                                                          "retrieval_fraction",
+                                                          "evict_step"};
 constexpr std::array<std::string_view, 3> kLayerKeys = {"k_codec", "v_codec", "policy"};
 constexpr std::array<std::string_view, 2> kAggregations = {"max", "mean"};
 constexpr std::array<std::string_view, 2> kPositionModes = {"original", "reassign"};
@@ -89,6 +104,10 @@ absl::Status ValidateSelection(const KvConfig& config) {
                                                    "' evicts and needs a budget (--budget)"));
   }
   KVS_RETURN_IF_ERROR(ParseLayerSchedule(config.layer_budget).status());
+  if (config.evict_step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("kv config: evict_step ", config.evict_step,
+                                                   " is negative; allowed: 0 (auto) or tokens"));
+  }
   KVS_ASSIGN_OR_RETURN(const HeadSplit split, ParseHeadSplit(config.head_budget));
   if (std::find(kAggregations.begin(), kAggregations.end(), config.score_aggregation) ==
       kAggregations.end()) {
@@ -243,6 +262,8 @@ absl::Status ApplyKey(std::string_view key, const toml::node& node, KvConfig* co
     config->budget = *budget;
   } else if (key == "layer_budget") {
     KVS_ASSIGN_OR_RETURN(config->layer_budget, GetString(key, node));
+  } else if (key == "evict_step") {
+    KVS_ASSIGN_OR_RETURN(config->evict_step, GetInt32(key, node));
   } else if (key == "head_budget") {
     KVS_ASSIGN_OR_RETURN(config->head_budget, GetString(key, node));
   } else if (key == "policy_sinks") {
@@ -376,8 +397,9 @@ std::string KvConfig::ToString() const {
   if (budget.is_set()) absl::StrAppend(&out, " budget=", budget.ToString());
   if (evicts()) {
     absl::StrAppend(&out, " layer_budget=", layer_budget, " head_budget=", head_budget,
-                    " policy_sinks=", policy_sinks, " policy_recent=", policy_recent,
-                    " aggregation=", score_aggregation, " positions=", positions);
+                    " evict_step=", evict_step, " policy_sinks=", policy_sinks,
+                    " policy_recent=", policy_recent, " aggregation=", score_aggregation,
+                    " positions=", positions);
     if (PolicyUsed("snapkv")) {
       absl::StrAppend(&out, " observation_window=", observation_window,
                       " pool_kernel=", pool_kernel);

@@ -132,6 +132,7 @@ TEST(EvictionE2E, WindowPolicyDecodesExactlyAsARingOfTheSameLength) {
   // one: what a ring of B + 1 slots holds. Two independent mechanisms, one answer.
   const int budget = 40;
   KvConfig window = Evicting("window", budget);
+  window.evict_step = 1;  // exactly B tokens after every step
   window.k_codec = window.v_codec = "f32";
   KvConfig ring;
   ring.layout = LayoutKind::kRing;
@@ -242,6 +243,7 @@ TEST(EvictionE2E, DuoKeepsEverythingInRetrievalHeadsOnly) {
   const std::string path = ::testing::TempDir() + "/duo_" + std::to_string(getpid()) + ".heads";
   ASSERT_TRUE(profile.Save(path).ok());
   KvConfig kv = Evicting("duo", 32);
+  kv.evict_step = 1;  // exactly the budget
   kv.head_profile = path;
   kv.retrieval_fraction = 1.0 / (hp.num_layers * hp.num_kv_heads);
   auto engine = MakeEngine(kv, 128, 16);
@@ -302,6 +304,34 @@ TEST(HeadCalibrationE2E, BadOptionsAreOneLine) {
   auto profile = MeasureHeadProfile(Model(), e2e::SharedTokens(), options);
   ASSERT_FALSE(profile.ok());
   EXPECT_THAT(std::string(profile.status().message()), HasSubstr("ctx > sinks + window"));
+}
+
+}  // namespace
+}  // namespace kvstack
+
+namespace kvstack {
+namespace {
+
+TEST(EvictionE2E, EvictStepCutsBelowTheBudgetOncePerStepTokens) {
+  // Decoding one token per call with budget 48 and evict_step 8: a head grows to 49, one
+  // eviction cuts it to 41, then it grows again; the rows move once per 8 steps.
+  KvConfig kv = Evicting("h2o", 48);
+  kv.evict_step = 8;
+  auto engine = MakeEngine(kv, 160, 1);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto seq = (*engine)->NewSequence();
+  ASSERT_TRUE(seq.ok());
+  std::vector<float> logits;
+  int evictions = 0, previous = 0;
+  for (int t = 0; t < 160; ++t) {
+    ASSERT_TRUE((*engine)->Forward(*seq, Text(160).subspan(t, 1), false, &logits).ok());
+    const int held = (*engine)->cache().HeadTokens(*seq, 0, 0);
+    EXPECT_LE(held, 48);
+    if (t >= 48) EXPECT_GE(held, 41) << t;
+    evictions += held < previous;
+    previous = held;
+  }
+  EXPECT_EQ(evictions, (160 - 48) / 8);
 }
 
 }  // namespace

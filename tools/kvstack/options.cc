@@ -141,6 +141,7 @@ nlohmann::json KvConfigJson(const KvConfig& config) {
                         {"budget", config.budget.ToString()},
                         {"layer_budget", config.layer_budget},
                         {"head_budget", config.head_budget},
+                        {"evict_step", config.evict_step},
                         {"policy_sinks", config.policy_sinks},
                         {"policy_recent", config.policy_recent},
                         {"observation_window", config.observation_window},

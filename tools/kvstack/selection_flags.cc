@@ -43,6 +43,10 @@ void SelectionFlags::Add(CLI::App* app, bool with_budget) {
   options_.push_back(app->add_option("--retrieval-fraction", retrieval_fraction_,
                                      "policy duo: fraction of kv heads that keep everything "
                                      "(default 0.25)"));
+  options_.push_back(app->add_option("--evict-step", evict_step_,
+                                     "decode steps one eviction serves: a head over budget is "
+                                     "cut to budget + 1 - step; 1 = every step, 0 = budget/16 "
+                                     "in 1..32 (default 0)"));
   app->add_option("--layer-policy", layer_policies_,
                   "L:NAME policy of layer L, e.g. 0:full; repeatable")
       ->take_all()
@@ -83,6 +87,7 @@ absl::Status SelectionFlags::Apply(KvConfig* config) const {
   if (given(8)) config->positions = positions_;
   if (given(9)) config->head_profile = head_profile_;
   if (given(10)) config->retrieval_fraction = retrieval_fraction_;
+  if (given(11)) config->evict_step = evict_step_;
   for (const std::string& spec : layer_policies_) {
     KVS_ASSIGN_OR_RETURN(KvConfig::LayerCodecs layer, ParseLayerPolicy(spec));
     // One entry per layer holds its codecs and its policy.

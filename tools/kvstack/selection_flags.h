@@ -21,7 +21,8 @@ class SelectionFlags {
 
  private:
   std::string budget_, layer_budget_, head_budget_, score_aggregation_, positions_, head_profile_;
-  int policy_sinks_ = 0, policy_recent_ = 0, observation_window_ = 0, pool_kernel_ = 0;
+  int evict_step_ = 0, policy_sinks_ = 0, policy_recent_ = 0, observation_window_ = 0,
+      pool_kernel_ = 0;
   double retrieval_fraction_ = 0;
   std::vector<std::string> layer_policies_;
   std::vector<CLI::Option*> options_;  // in the order Apply reads them
