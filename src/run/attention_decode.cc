@@ -32,6 +32,7 @@
 #include "hwy/highway.h"
 #include "run/attention_readers-inl.h"
 #include "run/attention_rows-inl.h"
+#include "run/attention_vnni-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace kvstack {
@@ -62,6 +63,14 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
   float* s = Scratch(kSlotScores, static_cast<size_t>(group) * s_stride);  // [group, s_stride]
   const ScoreFn score = ScoreFor<D>(k_side.reader);
   const AccumulateFn accumulate = AccumulateFor<D>(v_side.reader);
+  // Integer keys on CPUs with VNNI: the query quantised once per task (attention_vnni-inl.h).
+  const VnniPlan vnni = PlanVnni(k_side, head_dim, nd);
+  const VnniPlan vnni_values = PlanVnni(v_side, head_dim, nd);
+  thread_local std::vector<VnniQuery> vnni_queries;
+  if (vnni.ok) {
+    vnni_queries.resize(group);
+    VnniPrepareQueries(vnni, q, group, vnni_queries.data());
+  }
   RowSet keys, values;
   for (int j = 0; j < group; ++j) {
     float* st = state + j * state_stride;
@@ -75,7 +84,11 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
     const size_t num_keys = static_cast<size_t>(t1 - t0);
     FillRows(view, k_side, true, kv_head, t0, t1, &keys);
     FillRows(view, v_side, false, kv_head, t0, t1, &values);
-    score(keys, values, num_keys, q, group, head_dim, s, s_stride);
+    if (vnni.ok) {
+      VnniScoreTile(vnni, keys, values, num_keys, vnni_queries.data(), group, s, s_stride);
+    } else {
+      score(keys, values, num_keys, q, group, head_dim, s, s_stride);
+    }
     if (logits != nullptr) {  // once per tile: the no-scores path pays one branch per tile
       for (int j = 0; j < group; ++j) {
         std::memcpy(logits + j * logit_stride + t0, s + j * s_stride, num_keys * sizeof(float));
@@ -106,9 +119,13 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
       st[head_dim + 1] = st[head_dim + 1] * alpha + hn::GetLane(hn::SumOfLanes(df, vsum));
       st[head_dim] = new_max;
     }
-    accumulate(values, num_keys, s, s_stride, group, head_dim, state, state_stride);
+    if (vnni_values.ok) {
+      VnniAccumulateTile(vnni_values, values, num_keys, s, s_stride, group, state, state_stride);
+    } else {
+      accumulate(values, num_keys, s, s_stride, group, head_dim, state, state_stride);
+    }
   }
-  if (IsSplitReader(v_side.reader)) {  // accumulated in split order: back to element order
+  if (IsSplitReader(v_side.reader) && !vnni_values.ok) {  // split order: back to element order
     float* row = Scratch(kSlotSplitQuery, head_dim);
     const size_t parts = 8 / ReaderBits(v_side.reader);
     for (int j = 0; j < group; ++j) {

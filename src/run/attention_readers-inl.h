@@ -44,7 +44,7 @@ float LoadF16Scalar(const std::byte* p) {
 }
 
 // Where the keys (or values) of one tile are: rows[i] is the data of tile key i in the reader's
-// format, hdrs[i] its header (integer groups and KIVI units). Padded to a multiple of 4 keys by
+// format, hdrs[i] its header (integer groups and KIVI units). Padded to a multiple of 16 keys by
 // repeating the last key.
 struct RowSet {
   const std::byte* rows[kDecodeTile];
@@ -134,8 +134,9 @@ void FillRows(const KvLayerView& view, const SideSpec& side, bool keys, int kv_h
       break;
     }
   }
-  const int num_keys4 = (num_keys + 3) / 4 * 4;
-  for (int i = num_keys; i < num_keys4; ++i) {
+  // Readers step over 4 keys (the VNNI scorer over 16) at a time.
+  const int num_keys16 = (num_keys + 15) / 16 * 16;
+  for (int i = num_keys; i < num_keys16; ++i) {
     set->rows[i] = set->rows[num_keys - 1];
     set->hdrs[i] = set->hdrs[num_keys - 1];
   }

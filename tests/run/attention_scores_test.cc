@@ -51,8 +51,8 @@ void RunScoresAndCompare(const Case& c, const Layout& layout, ThreadPool* pool,
   SCOPED_TRACE(Describe(c, layout, pool == nullptr ? 1 : pool->num_threads()) +
                " aggregation=" + (aggregation == ScoreAggregation::kMax ? "max" : "mean") +
                " first_query=" + std::to_string(first_query));
-  ExpectClose(actual, expected, kTolerance, "output");
-  ExpectClose(actual_scores, expected_scores, kScoreTolerance, "score");
+  ExpectClose(actual, expected, ToleranceFor(c), "output");
+  ExpectClose(actual_scores, expected_scores, std::max(kScoreTolerance, ToleranceFor(c)), "score");
   EXPECT_EQ(actual, plain) << "scores changed the attention output";
 }
 

@@ -1,0 +1,573 @@
+// Per-target decode readers for integer keys and values with AVX-512 VNNI (included by
+// attention_decode.cc inside its foreach_target pass; compiled only for the AVX3 target, used only
+// where the CPU reports avx512vnni and avx512vbmi; every other machine keeps the float readers).
+//
+// Why: the float readers convert every key and value element to F32 and spend one FMA per
+// query head on it, which made int8/int4/int2 caches compute-bound (28-43 ns per token per kv
+// head). Here integer dot products do the work on the codes as stored.
+//
+// Keys: the query is quantised to int8 once per task and one vpdpbusd multiplies 64 key codes
+// (u8) by 64 query bytes (s8). The keys of 16 tokens are transposed so that each i32 lane holds
+// one token: a 16x16 dword transpose turns 16 rows into columns of 4 code bytes, and the query
+// bytes that match a column are a broadcast operand. Scores then come out one vector per 16
+// tokens with no horizontal sums, and per-group scales and minima multiply whole vectors.
+//
+// Query quantisation (what it costs in accuracy): per block of 32 elements (16 for 16-element
+// key groups) the step is sq = max|q| / 127 over the block, so each query element is off by at
+// most sq / 2 = max|q| / 254 — what llama.cpp's q8_0 activations accept for its 4-bit caches,
+// and well below the error of 4- and 2-bit keys themselves (1/30 and 1/6 of a group's range).
+// int8 keys, whose own error is about that size, take a second byte: q = sq * (hi + lo / 256),
+// off by at most max|q| / 65024, below the rounding of an F16 query. The scores' minimum terms
+// use the exact query sum.
+//
+// Values: see VnniAccumulateTile (int16 weights, vpdpwssd over pairs of keys).
+//
+// Formats: int8 rows ([f16 scale][int8 codes], codes offset by +128 to unsigned and corrected),
+// integer groups of 4 or 2 bits with (scale, min) pairs per group of >= 16 elements in the row
+// header, one pair per multi-token unit, or q4_absmax's d per 32 elements.
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "kvstack/numeric.h"
+
+#if defined(KVSTACK_RUN_ATTENTION_VNNI_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef KVSTACK_RUN_ATTENTION_VNNI_INL_H_
+#undef KVSTACK_RUN_ATTENTION_VNNI_INL_H_
+#else
+#define KVSTACK_RUN_ATTENTION_VNNI_INL_H_
+#endif
+
+#include "hwy/highway.h"
+#include "run/attention_readers-inl.h"
+
+#if HWY_TARGET == HWY_AVX3
+#include <immintrin.h>
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace kvstack {
+namespace HWY_NAMESPACE {
+namespace {
+
+// Largest head_dim the VNNI scorer takes (its per-head query tables are fixed arrays).
+constexpr size_t kVnniMaxHeadDim = 256;
+
+// How one key arena is scored with VNNI; ok is false where the float readers must be used.
+struct VnniPlan {
+  bool ok = false;
+  int bits = 8;            // 8 (int8 rows), 4 or 2 (integer groups)
+  int block_elems = 32;    // elements per query block (one query scale, one i32 accumulator)
+  int group_elems = 0;     // integer groups: elements per (scale, min) pair; int8: head_dim
+  int num_groups = 1;      // per row
+  bool absmax = false;     // header holds one f16 d per group: (scale, min) = (d, -8 d)
+  size_t code_offset = 0;  // bytes from rows[k] to the codes (int8: the f16 scale)
+  size_t head_dim = 0;
+  // Values: per block of 16 elements, the vpermt2b index that puts the code bytes of two rows
+  // (64 bytes each) into the two words of each dword (see VnniAccumulateTile).
+  alignas(64) uint8_t index[kVnniMaxHeadDim / 16][64];
+};
+
+// One query head quantised for a VnniPlan (see the file comment).
+struct VnniQuery {
+  int32_t hi[kVnniMaxHeadDim / 4];  // [column * parts + part]: 4 query bytes, s8
+  int32_t lo[kVnniMaxHeadDim / 4];
+  float block_scale[kVnniMaxHeadDim / 16];   // per block: sq / 256
+  int32_t correction[kVnniMaxHeadDim / 16];  // int8 keys: 128 * sum(256 hi + lo) per block
+  float group_sum[16];                       // the exact query summed over each key group
+};
+
+#if HWY_TARGET == HWY_AVX3
+
+// VNNI for the dot products, VBMI for the byte permutes of the value codes.
+#define KVS_VNNI_ATTR __attribute__((target("avx512vnni,avx512vbmi")))
+
+bool CpuHasVnni() {
+  static const bool has =
+      __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
+  return has;
+}
+
+// The plan for one arena's keys or values (values use the permute indexes, keys the blocks).
+VnniPlan PlanVnni(const SideSpec& side, size_t head_dim, size_t lanes) {
+  VnniPlan plan;
+  if (lanes != 16 || !CpuHasVnni() || head_dim % 32 != 0 || head_dim > kVnniMaxHeadDim) {
+    return plan;
+  }
+  plan.head_dim = head_dim;
+  switch (side.reader) {
+    case Reader::kInt8:
+      plan.bits = 8;
+      plan.group_elems = static_cast<int>(head_dim);
+      plan.code_offset = sizeof(uint16_t);
+      break;
+    case Reader::kInt4:
+    case Reader::kInt4S:
+    case Reader::kInt2: {
+      plan.bits = side.reader == Reader::kInt2 ? 2 : 4;
+      plan.group_elems = side.group_elems;
+      plan.num_groups = side.num_header_floats / 2;
+      plan.absmax = side.absmax_header;
+      if (plan.group_elems % 16 != 0 || plan.num_groups > 16 ||
+          static_cast<size_t>(plan.group_elems * plan.num_groups) != head_dim) {
+        return plan;
+      }
+      break;
+    }
+    default:
+      return plan;
+  }
+  plan.block_elems = plan.group_elems % 32 == 0 ? 32 : 16;
+  // Value block m (elements 16 m + i): dword i takes code byte (16 m + i) / parts of the first
+  // row (within its 64-byte half) and of the second row (64 bytes on), in bytes 0 and 2 (int8:
+  // 1 and 3, the words' high bytes, so that an arithmetic shift sign-extends them).
+  const int parts = 8 / plan.bits;
+  const int low = plan.bits == 8 ? 1 : 0;
+  for (size_t m = 0; m < head_dim / 16; ++m) {
+    for (int i = 0; i < 16; ++i) {
+      const int byte = static_cast<int>((16 * m + i) / parts) % 64;
+      plan.index[m][4 * i + low] = static_cast<uint8_t>(byte);
+      plan.index[m][4 * i + low + 2] = static_cast<uint8_t>(64 + byte);
+      plan.index[m][4 * i + 1 - low] = 0;
+      plan.index[m][4 * i + 3 - low] = 0;
+    }
+  }
+  plan.ok = true;
+  return plan;
+}
+
+// Quantises the `group` query heads q: [group, head_dim] (scaled, rotated) for `plan`.
+void VnniPrepareQueries(const VnniPlan& plan, const float* q, int group, VnniQuery* out) {
+  const int parts = 8 / plan.bits;
+  const int head_dim = static_cast<int>(plan.head_dim);
+  const int block = plan.block_elems;
+  for (int j = 0; j < group; ++j) {
+    const float* qj = q + static_cast<size_t>(j) * head_dim;
+    VnniQuery& vq = out[j];
+    int8_t hi[kVnniMaxHeadDim], lo[kVnniMaxHeadDim];
+    for (int b = 0; b < head_dim / block; ++b) {
+      float max_abs = 0.0f;
+      for (int e = b * block; e < (b + 1) * block; ++e)
+        max_abs = std::max(max_abs, std::abs(qj[e]));
+      const float sq = max_abs / 127.0f;
+      const float inv = max_abs > 0.0f ? 127.0f / max_abs : 0.0f;
+      int32_t sum = 0;
+      for (int e = b * block; e < (b + 1) * block; ++e) {
+        const float h = std::clamp(std::nearbyint(qj[e] * inv), -127.0f, 127.0f);
+        const float l =
+            std::clamp(std::nearbyint((qj[e] - h * sq) * 256.0f * inv), -127.0f, 127.0f);
+        hi[e] = static_cast<int8_t>(h);
+        lo[e] = static_cast<int8_t>(l);
+        sum += 256 * hi[e] + lo[e];
+      }
+      vq.block_scale[b] = sq / 256.0f;
+      vq.correction[b] = 128 * sum;
+    }
+    // Element e = (4 c + byte) * parts + part sits in byte `byte` of word c * parts + part.
+    for (int e = 0; e < head_dim; ++e) {
+      const int part = e % parts, column = e / parts / 4, byte = e / parts % 4;
+      uint8_t* hw = reinterpret_cast<uint8_t*>(&vq.hi[column * parts + part]);
+      uint8_t* lw = reinterpret_cast<uint8_t*>(&vq.lo[column * parts + part]);
+      hw[byte] = static_cast<uint8_t>(hi[e]);
+      lw[byte] = static_cast<uint8_t>(lo[e]);
+    }
+    for (int g = 0; g < plan.num_groups; ++g) {
+      float sum = 0.0f;
+      for (int e = g * plan.group_elems; e < (g + 1) * plan.group_elems; ++e) sum += qj[e];
+      vq.group_sum[g] = sum;
+    }
+  }
+}
+
+// In-register transpose of a 16x16 matrix of dwords: r[i] holds row i on entry, column i on
+// exit.
+KVS_VNNI_ATTR HWY_INLINE void Transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  // u[4 i + k], 128-bit lane L: column 4 L + k of rows 4 i .. 4 i + 3.
+  __m512i u[16];
+  for (int i = 0; i < 16; i += 4) {
+    u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    const __m512i v0 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x44);
+    const __m512i v1 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xEE);
+    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x44);
+    const __m512i v3 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xEE);
+    r[k] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+    r[4 + k] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
+    r[8 + k] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+    r[12 + k] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
+  }
+}
+
+// Columns [0, num_dwords) of the 16 rows base[k] + offset, dword c of every row in cols[c]
+// (16 lanes = 16 rows). Reads only those bytes of each row; cols has room for num_dwords
+// rounded up to 16 (the columns past num_dwords are zero).
+KVS_VNNI_ATTR HWY_INLINE void LoadColumns(const std::byte* const* base, size_t offset,
+                                          int num_dwords, __m512i* cols) {
+  for (int c0 = 0; c0 < num_dwords; c0 += 16) {
+    const int n = std::min(16, num_dwords - c0);
+    const __mmask16 mask = static_cast<__mmask16>((1u << n) - 1);
+    __m512i* r = cols + c0;
+    for (int k = 0; k < 16; ++k) {
+      r[k] = _mm512_maskz_loadu_epi32(mask, base[k] + offset + 4 * static_cast<size_t>(c0));
+    }
+    Transpose16(r);
+  }
+}
+
+// Scores of 16 keys (columns `cols`) against kNumQ query heads, written to s[j * s_stride].
+// kPrecise: with the query's low bytes (int8 keys); otherwise hi alone (see the file comment).
+template <int kBits, int kNumQ, bool kPrecise>
+KVS_VNNI_ATTR HWY_INLINE void ScoreColumns(const VnniPlan& plan, const __m512i* cols,
+                                           const __m512* scale, const __m512* min,
+                                           const VnniQuery* q, float* s, size_t s_stride) {
+  constexpr int kParts = 8 / kBits;
+  const int cols_per_block = plan.block_elems / (4 * kParts);
+  const int blocks_per_group = plan.group_elems / plan.block_elems;
+  const int num_blocks = static_cast<int>(plan.head_dim) / plan.block_elems;
+  const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << kBits) - 1));
+  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 total[kNumQ];
+  for (int j = 0; j < kNumQ; ++j) total[j] = _mm512_setzero_ps();
+  for (int b = 0; b < num_blocks; ++b) {
+    __m512i hi[kNumQ], lo[kNumQ];
+    for (int j = 0; j < kNumQ; ++j) hi[j] = lo[j] = _mm512_setzero_si512();
+    for (int c = b * cols_per_block; c < (b + 1) * cols_per_block; ++c) {
+      for (int r = 0; r < kParts; ++r) {
+        __m512i u;
+        if constexpr (kBits == 8) {
+          u = _mm512_xor_si512(cols[c], sign);  // s8 codes + 128: unsigned
+        } else {
+          u = _mm512_and_si512(r == 0 ? cols[c] : _mm512_srli_epi32(cols[c], r * kBits), mask);
+        }
+        for (int j = 0; j < kNumQ; ++j) {
+          hi[j] = _mm512_dpbusd_epi32(hi[j], u, _mm512_set1_epi32(q[j].hi[c * kParts + r]));
+          if constexpr (kPrecise) {
+            lo[j] = _mm512_dpbusd_epi32(lo[j], u, _mm512_set1_epi32(q[j].lo[c * kParts + r]));
+          }
+        }
+      }
+    }
+    const int g = b / blocks_per_group;
+    for (int j = 0; j < kNumQ; ++j) {
+      __m512i acc = _mm512_slli_epi32(hi[j], 8);
+      if constexpr (kPrecise) acc = _mm512_add_epi32(acc, lo[j]);
+      if constexpr (kBits == 8) acc = _mm512_sub_epi32(acc, _mm512_set1_epi32(q[j].correction[b]));
+      const __m512 block_scale = _mm512_set1_ps(q[j].block_scale[b]);
+      total[j] =
+          _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(scale[g], block_scale), total[j]);
+      if (kBits != 8 && b % blocks_per_group == blocks_per_group - 1) {
+        total[j] = _mm512_fmadd_ps(min[g], _mm512_set1_ps(q[j].group_sum[g]), total[j]);
+      }
+    }
+  }
+  for (int j = 0; j < kNumQ; ++j) _mm512_storeu_ps(s + j * s_stride, total[j]);
+}
+
+// The per-key (scale, min) of every group of 16 keys as vectors over the keys.
+KVS_VNNI_ATTR HWY_INLINE void LoadGroupScales(const VnniPlan& plan, const RowSet& keys, size_t key0,
+                                              __m512* scale, __m512* min) {
+  if (plan.bits == 8) {  // the row's f16 scale; no minimum
+    alignas(32) uint16_t bits[16];
+    for (int k = 0; k < 16; ++k) std::memcpy(&bits[k], keys.rows[key0 + k], sizeof(uint16_t));
+    scale[0] = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(bits)));
+    min[0] = _mm512_setzero_ps();
+    return;
+  }
+  const int header_dwords = plan.absmax ? (plan.num_groups + 1) / 2 : plan.num_groups;
+  __m512i cols[16];
+  LoadColumns(keys.hdrs + key0, 0, header_dwords, cols);
+  for (int c = 0; c < header_dwords; ++c) {
+    const __m512 low = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(cols[c]));
+    const __m512 high = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(cols[c], 16)));
+    if (plan.absmax) {  // d of groups 2c and 2c + 1
+      scale[2 * c] = low;
+      min[2 * c] = _mm512_mul_ps(low, _mm512_set1_ps(-8.0f));
+      if (2 * c + 1 < plan.num_groups) {
+        scale[2 * c + 1] = high;
+        min[2 * c + 1] = _mm512_mul_ps(high, _mm512_set1_ps(-8.0f));
+      }
+    } else {  // (scale, min) of group c
+      scale[c] = low;
+      min[c] = high;
+    }
+  }
+}
+
+template <int kBits>
+KVS_VNNI_ATTR void VnniScoreTileBits(const VnniPlan& plan, const RowSet& keys, const RowSet& values,
+                                     size_t num_keys, const VnniQuery* q, int group, float* s,
+                                     size_t s_stride) {
+  const int code_dwords = static_cast<int>(plan.head_dim) * kBits / 32;
+  for (size_t key0 = 0; key0 < num_keys; key0 += 16) {
+    for (size_t k = key0; k < key0 + 16; k += 4) {
+      PrefetchAhead(keys, k, num_keys);
+      PrefetchAhead(values, k, num_keys);
+    }
+    __m512i cols[kVnniMaxHeadDim / 4];
+    LoadColumns(keys.rows + key0, plan.code_offset, code_dwords, cols);
+    __m512 scale[16], min[16];
+    LoadGroupScales(plan, keys, key0, scale, min);
+    // (No lambda: it would not carry this function's target attribute.)
+    int j = 0;
+    for (; j + 4 <= group; j += 4) {
+      ScoreColumns<kBits, 4, kBits == 8>(plan, cols, scale, min, q + j, s + j * s_stride + key0,
+                                         s_stride);
+    }
+    for (; j + 2 <= group; j += 2) {
+      ScoreColumns<kBits, 2, kBits == 8>(plan, cols, scale, min, q + j, s + j * s_stride + key0,
+                                         s_stride);
+    }
+    for (; j < group; ++j) {
+      ScoreColumns<kBits, 1, kBits == 8>(plan, cols, scale, min, q + j, s + j * s_stride + key0,
+                                         s_stride);
+    }
+  }
+}
+
+// Scores of a tile's keys (rows padded to a multiple of 16) for the `group` query heads:
+// s: [group, s_stride], as ScoreTile.
+void VnniScoreTile(const VnniPlan& plan, const RowSet& keys, const RowSet& values, size_t num_keys,
+                   const VnniQuery* q, int group, float* s, size_t s_stride) {
+  switch (plan.bits) {
+    case 8:
+      return VnniScoreTileBits<8>(plan, keys, values, num_keys, q, group, s, s_stride);
+    case 4:
+      return VnniScoreTileBits<4>(plan, keys, values, num_keys, q, group, s, s_stride);
+    default:
+      return VnniScoreTileBits<2>(plan, keys, values, num_keys, q, group, s, s_stride);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Values: acc_j[e] += sum over keys t of p_j[t] * v_t[e], with v_t[e] = code * scale_g + min_g
+// (int8: code * row scale). Per tile, per query head j and key group g, the weights
+// w = p_j[t] * scale_g[t] are quantised to int16 against their largest value in the tile,
+// W = max w / 32767, and vpdpwssd adds (w_t0 * code_t0[e] + w_t1 * code_t1[e]) for two keys
+// into each i32 lane e; the minima contribute sum_t p_j[t] * min_g[t] per group, in floats.
+// Each weight is off by at most W / 2 (1.5e-5 of the tile's largest weight); at most 256 keys
+// of |code| <= 127 keep the i32 sums below 2^31 (2 * 32767 * 127 * 128 < 2^31).
+
+// The 16 value elements of one block of the key pair whose code bytes are x0 and x1 (the
+// 64-byte halves of the two rows that hold the block), as int16 pairs (code of the first row,
+// code of the second) per dword; `index` is the block's PlanVnni index.
+template <int kBits>
+KVS_VNNI_ATTR HWY_INLINE __m512i PairCodes(__m512i x0, __m512i x1, __m512i index, __m512i shift) {
+  if constexpr (kBits == 8) {  // bytes 1 and 3 of each dword, then sign-extended words
+    return _mm512_srai_epi16(_mm512_maskz_permutex2var_epi8(0xAAAAAAAAAAAAAAAAull, x0, index, x1),
+                             8);
+  } else {  // bytes 0 and 2, shifted to the element's bits and masked
+    const __m512i x = _mm512_maskz_permutex2var_epi8(0x5555555555555555ull, x0, index, x1);
+    return _mm512_and_si512(_mm512_srlv_epi32(x, shift), _mm512_set1_epi16((1 << kBits) - 1));
+  }
+}
+
+// The i32 sums of one tile for kNumQ heads over the kBlocks element blocks [m0, m0 + kBlocks)
+// (16 kBlocks elements, within one 64-byte half of a row's codes): out[j * kBlocks + b] for
+// block m0 + b.
+//   weights[j * kBlocks + b]: head j's packed int16 pairs for block m0 + b's group, one per
+//   key pair
+// Everything the loop touches is a local with constant indices once unrolled, so that the 16
+// accumulators stay in registers.
+template <int kBits, int kNumQ, int kBlocks>
+KVS_VNNI_ATTR HWY_INLINE void AccumulatePairs(const VnniPlan& plan, const RowSet& values,
+                                              size_t num_pairs, const int32_t* const* weights,
+                                              int m0, __m512i* out) {
+  constexpr int kParts = 8 / kBits;
+  const int row_bytes = static_cast<int>(plan.head_dim) / kParts;
+  const int half = 16 * m0 / kParts / 64;
+  const size_t offset = plan.code_offset + 64 * static_cast<size_t>(half);
+  const int n = std::min(64, row_bytes - 64 * half);
+  const __mmask64 mask = n == 64 ? ~0ull : (1ull << n) - 1;
+  alignas(64) static constexpr auto kShift = [] {
+    std::array<uint32_t, 16> shift{};
+    for (int i = 0; i < 16; ++i) shift[i] = static_cast<uint32_t>(kBits * (i % kParts));
+    return shift;
+  }();
+  const __m512i shift = _mm512_load_si512(reinterpret_cast<const __m512i*>(kShift.data()));
+  __m512i index[kBlocks];
+  const int32_t* w[kNumQ * kBlocks];
+  __m512i acc[kNumQ * kBlocks];
+#pragma GCC unroll 16
+  for (int b = 0; b < kBlocks; ++b) {
+    index[b] = _mm512_load_si512(reinterpret_cast<const __m512i*>(plan.index[m0 + b]));
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < kNumQ * kBlocks; ++i) {
+    w[i] = weights[i];
+    acc[i] = _mm512_setzero_si512();
+  }
+  for (size_t u = 0; u < num_pairs; ++u) {
+    const __m512i x0 = _mm512_maskz_loadu_epi8(mask, values.rows[2 * u] + offset);
+    const __m512i x1 = _mm512_maskz_loadu_epi8(mask, values.rows[2 * u + 1] + offset);
+#pragma GCC unroll 16
+    for (int b = 0; b < kBlocks; ++b) {
+      const __m512i codes = PairCodes<kBits>(x0, x1, index[b], shift);
+#pragma GCC unroll 16
+      for (int j = 0; j < kNumQ; ++j) {
+        acc[j * kBlocks + b] = _mm512_dpwssd_epi32(acc[j * kBlocks + b], codes,
+                                                   _mm512_set1_epi32(w[j * kBlocks + b][u]));
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < kNumQ * kBlocks; ++i) out[i] = acc[i];
+}
+
+// Weighted sum of a tile's values (rows padded to a multiple of 16) into the running states of
+// the `group` query heads, as AccumulateTile: p: [group, p_stride] softmax weights (0 past
+// num_keys, up to the next multiple of 16); state: [group, state_stride].
+template <int kBits>
+KVS_VNNI_ATTR void VnniAccumulateTileBits(const VnniPlan& plan, const RowSet& values,
+                                          size_t num_keys, const float* p, size_t p_stride,
+                                          int group, float* state, size_t state_stride) {
+  const size_t num_keys16 = (num_keys + 15) / 16 * 16;
+  const size_t num_pairs = num_keys16 / 2;
+  const int num_groups = plan.num_groups;
+  // Per group, the keys' scales and minima: [num_groups][num_keys16] each, and the largest
+  // |scale| of each group in the tile.
+  float* hs = Scratch(kSlotHeaders, 2 * static_cast<size_t>(num_groups) * num_keys16);
+  float* hm = hs + static_cast<size_t>(num_groups) * num_keys16;
+  __m512 scale_max[16];
+  for (int g = 0; g < num_groups; ++g) scale_max[g] = _mm512_setzero_ps();
+  for (size_t key0 = 0; key0 < num_keys16; key0 += 16) {
+    __m512 scale[16], min[16];
+    LoadGroupScales(plan, values, key0, scale, min);
+    for (int g = 0; g < num_groups; ++g) {
+      _mm512_storeu_ps(hs + g * num_keys16 + key0, scale[g]);
+      _mm512_storeu_ps(hm + g * num_keys16 + key0, min[g]);
+      scale_max[g] = _mm512_max_ps(scale_max[g], _mm512_abs_ps(scale[g]));
+    }
+  }
+  // Quantised weights [group][num_groups][num_pairs], their scales W and the minima's sums,
+  // [j * num_groups + g]. W = max_t p_j[t] * max_t |scale_g[t]| / 32767 bounds every weight
+  // of (j, g) without a pass per pair over the tile.
+  thread_local std::vector<int32_t> weights;
+  thread_local std::vector<float> w_scale, min_sum;
+  weights.resize(static_cast<size_t>(group) * num_groups * num_pairs);
+  w_scale.resize(static_cast<size_t>(group) * num_groups);
+  min_sum.resize(static_cast<size_t>(group) * num_groups);
+  const size_t group_stride = num_pairs;
+  for (int j = 0; j < group; ++j) {
+    const float* pj = p + j * p_stride;
+    __m512 vmax = _mm512_setzero_ps();
+    for (size_t k = 0; k < num_keys16; k += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(pj + k));
+    const float p_max = _mm512_reduce_max_ps(vmax);
+    for (int g = 0; g < num_groups; ++g) {
+      const float* sg = hs + g * num_keys16;
+      const float* mg = hm + g * num_keys16;
+      const float max_w = p_max * _mm512_reduce_max_ps(scale_max[g]);
+      const __m512 inv = _mm512_set1_ps(max_w > 0.0f ? 32767.0f / max_w : 0.0f);
+      w_scale[j * num_groups + g] = max_w / 32767.0f;
+      int32_t* wq = weights.data() + (static_cast<size_t>(j) * num_groups + g) * group_stride;
+      __m512 vmin_sum = _mm512_setzero_ps();
+      for (size_t k = 0; k < num_keys16; k += 16) {
+        const __m512 pk = _mm512_loadu_ps(pj + k);
+        vmin_sum = _mm512_fmadd_ps(pk, _mm512_loadu_ps(mg + k), vmin_sum);
+        const __m512 w = _mm512_mul_ps(_mm512_mul_ps(pk, _mm512_loadu_ps(sg + k)), inv);
+        // Nearest int16 of each key's weight; keys 2u and 2u + 1 share dword u.
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(wq + k / 2),
+                            _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(w)));
+      }
+      min_sum[j * num_groups + g] = _mm512_reduce_add_ps(vmin_sum);
+    }
+  }
+  // The sums, 4 blocks of 16 elements (2 where head_dim is not a multiple of 64) for up to 4
+  // heads at a time: at most 16 accumulators.
+  // (No lambda or generic dispatch: they would not carry this function's target attribute.)
+  const int num_blocks = static_cast<int>(plan.head_dim / 16);
+  const int step = num_blocks % 4 == 0 ? 4 : 2;
+  for (int j = 0; j < group; j += 4) {
+    const int num_q = std::min(4, group - j);
+    for (int m0 = 0; m0 < num_blocks; m0 += step) {
+      const int32_t* w[16];  // [jj * step + b]
+      for (int jj = 0; jj < num_q; ++jj) {
+        for (int b = 0; b < step; ++b) {
+          const int g = 16 * (m0 + b) / plan.group_elems;
+          w[jj * step + b] =
+              weights.data() + (static_cast<size_t>(j + jj) * num_groups + g) * group_stride;
+        }
+      }
+      __m512i acc[16];
+      if (step == 4) {
+        if (num_q == 4) {
+          AccumulatePairs<kBits, 4, 4>(plan, values, num_pairs, w, m0, acc);
+        } else if (num_q == 3) {
+          AccumulatePairs<kBits, 3, 4>(plan, values, num_pairs, w, m0, acc);
+        } else if (num_q == 2) {
+          AccumulatePairs<kBits, 2, 4>(plan, values, num_pairs, w, m0, acc);
+        } else {
+          AccumulatePairs<kBits, 1, 4>(plan, values, num_pairs, w, m0, acc);
+        }
+      } else {
+        if (num_q == 4) {
+          AccumulatePairs<kBits, 4, 2>(plan, values, num_pairs, w, m0, acc);
+        } else if (num_q == 3) {
+          AccumulatePairs<kBits, 3, 2>(plan, values, num_pairs, w, m0, acc);
+        } else if (num_q == 2) {
+          AccumulatePairs<kBits, 2, 2>(plan, values, num_pairs, w, m0, acc);
+        } else {
+          AccumulatePairs<kBits, 1, 2>(plan, values, num_pairs, w, m0, acc);
+        }
+      }
+      for (int jj = 0; jj < num_q; ++jj) {
+        for (int b = 0; b < step; ++b) {
+          const int m = m0 + b, head = j + jj;
+          const int g = 16 * m / plan.group_elems;
+          float* st = state + head * state_stride + 16 * m;
+          const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[jj * step + b]),
+                                           _mm512_set1_ps(w_scale[head * num_groups + g]),
+                                           _mm512_set1_ps(min_sum[head * num_groups + g]));
+          _mm512_storeu_ps(st, _mm512_add_ps(_mm512_loadu_ps(st), v));
+        }
+      }
+    }
+  }
+}
+
+void VnniAccumulateTile(const VnniPlan& plan, const RowSet& values, size_t num_keys, const float* p,
+                        size_t p_stride, int group, float* state, size_t state_stride) {
+  switch (plan.bits) {
+    case 8:
+      return VnniAccumulateTileBits<8>(plan, values, num_keys, p, p_stride, group, state,
+                                       state_stride);
+    case 4:
+      return VnniAccumulateTileBits<4>(plan, values, num_keys, p, p_stride, group, state,
+                                       state_stride);
+    default:
+      return VnniAccumulateTileBits<2>(plan, values, num_keys, p, p_stride, group, state,
+                                       state_stride);
+  }
+}
+
+#undef KVS_VNNI_ATTR
+
+#else  // not AVX3: the float readers everywhere
+
+VnniPlan PlanVnni(const SideSpec&, size_t, size_t) { return {}; }
+void VnniPrepareQueries(const VnniPlan&, const float*, int, VnniQuery*) {}
+void VnniScoreTile(const VnniPlan&, const RowSet&, const RowSet&, size_t, const VnniQuery*, int,
+                   float*, size_t) {}
+void VnniAccumulateTile(const VnniPlan&, const RowSet&, size_t, const float*, size_t, int, float*,
+                        size_t) {}
+
+#endif  // HWY_TARGET == HWY_AVX3
+
+}  // namespace
+}  // namespace HWY_NAMESPACE
+}  // namespace kvstack
+HWY_AFTER_NAMESPACE();
+
+#endif  // include guard (per target)
