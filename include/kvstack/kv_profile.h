@@ -11,9 +11,7 @@
 //   head_dim, u64 tokens seen, then for each layer and kv head:
 //     keys, then values: f64 mean[head_dim], f64 eigenvalues[head_dim] (descending),
 //                        f64 basis[head_dim][head_dim] (row j = the j-th principal direction);
-//     joint [k; v]:      f64 key_weight, f64 value_weight, then mean, eigenvalues and basis as
-//                        above over 2 * head_dim dims of the weighted vector
-//                        [key_weight * k; value_weight * v].
+//     joint [k; v]:      mean, eigenvalues and basis as above over 2 * head_dim dims.
 // Version 1 (no joint section) is refused: calibrate again.
 #pragma once
 
@@ -40,17 +38,6 @@ struct HeadComponents {
   int RankForEnergy(double fraction) const;
 };
 
-// The joint components of one (layer, kv head): PCA of [key_weight * k; value_weight * v].
-// The weights give keys and values the same mean variance per dimension, so that the basis
-// serves both instead of the half with the larger magnitude (a model's values are often an
-// order of magnitude smaller than its keys). A vector x = [k; v] is coded as
-//   c_j = basis_j . (W x - mean), x ~= W^-1 (mean + sum_j c_j basis_j),  W = diag(weights).
-struct JointComponents {
-  double key_weight = 1.0;
-  double value_weight = 1.0;
-  HeadComponents components;  // over 2 * head_dim dims: keys first, then values
-};
-
 class KvProfile {
  public:
   static constexpr uint32_t kVersion = 2;
@@ -71,11 +58,15 @@ class KvProfile {
   // Counts tokens for the report (call once per token position, not per layer).
   void AddTokens(uint64_t num_tokens) { tokens_seen_ += num_tokens; }
   // Turns the accumulated moments into components (eigen-decompositions of the key, value
-  // and weighted joint covariances). FailedPrecondition when nothing was accumulated.
+  // and joint covariances). FailedPrecondition when nothing was accumulated.
   absl::Status Finalize();
 
   const HeadComponents& components(int layer_idx, int kv_head, KvKind kind) const;
-  const JointComponents& joint_components(int layer_idx, int kv_head) const;
+  // The principal components of the concatenated [k; v] (2 * head_dim dims, keys first): the
+  // plain PCA, which minimises the squared error of key and value together. (Weighting the
+  // halves to equal variance first was measured worse on stories260K: ΔPPL +655 % against
+  // +88 % at latent-r12; docs/representation-results.md.)
+  const HeadComponents& joint_components(int layer_idx, int kv_head) const;
 
   absl::Status Save(const std::string& path) const;
   // Loads a profile and checks that it belongs to the model with this hash and shape; a
@@ -98,7 +89,7 @@ class KvProfile {
   std::vector<std::vector<double>> sums_;      // [2 * head_dim]
   std::vector<std::vector<double>> products_;  // [2 * head_dim][2 * head_dim], upper triangle
   std::vector<HeadComponents> components_;     // [layer][head][kind]
-  std::vector<JointComponents> joint_;         // [layer][head]
+  std::vector<HeadComponents> joint_;          // [layer][head], 2 * head_dim dims
 };
 
 // Eigen-decomposition of a symmetric matrix (cyclic Jacobi; exact to ~1e-12 for the head

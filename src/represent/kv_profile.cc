@@ -151,17 +151,15 @@ void KvProfile::Accumulate(int layer_idx, std::span<const float> keys,
 namespace {
 
 // PCA of the covariance block [offset, offset + n) x [offset, offset + n) of a [dims][dims]
-// covariance, each coordinate i scaled by weights[i].
+// covariance.
 HeadComponents Components(const std::vector<double>& mean, const std::vector<double>& cov, int dims,
-                          int offset, int n, const std::vector<double>& weights) {
+                          int offset, int n) {
   HeadComponents out;
-  out.mean.resize(n);
+  out.mean.assign(mean.begin() + offset, mean.begin() + offset + n);
   std::vector<double> block(static_cast<size_t>(n) * n);
   for (int i = 0; i < n; ++i) {
-    out.mean[i] = weights[offset + i] * mean[offset + i];
     for (int j = 0; j < n; ++j) {
       block[static_cast<size_t>(i) * n + j] =
-          weights[offset + i] * weights[offset + j] *
           cov[static_cast<size_t>(offset + i) * dims + offset + j];
     }
   }
@@ -169,14 +167,6 @@ HeadComponents Components(const std::vector<double>& mean, const std::vector<dou
   // A covariance is positive semi-definite; rounding may leave tiny negative values.
   for (double& value : out.eigenvalues) value = std::max(0.0, value);
   return out;
-}
-
-// The weight that gives a block of covariance mean variance 1 per dimension (1 for a block
-// without variance, which then needs no balancing).
-double BalancingWeight(const std::vector<double>& cov, int dims, int offset, int n) {
-  double trace = 0;
-  for (int i = offset; i < offset + n; ++i) trace += cov[static_cast<size_t>(i) * dims + i];
-  return trace > 0 ? std::sqrt(n / trace) : 1.0;
 }
 
 }  // namespace
@@ -200,17 +190,9 @@ absl::Status KvProfile::Finalize() {
         cov[static_cast<size_t>(j) * dims + i] = c;
       }
     }
-    const std::vector<double> ones(dims, 1.0);
-    components_[idx * 2 + static_cast<size_t>(KvKind::kKey)] =
-        Components(mean, cov, dims, 0, n, ones);
-    components_[idx * 2 + static_cast<size_t>(KvKind::kValue)] =
-        Components(mean, cov, dims, n, n, ones);
-    JointComponents& joint = joint_[idx];
-    joint.key_weight = BalancingWeight(cov, dims, 0, n);
-    joint.value_weight = BalancingWeight(cov, dims, n, n);
-    std::vector<double> weights(dims, joint.key_weight);
-    std::fill(weights.begin() + n, weights.end(), joint.value_weight);
-    joint.components = Components(mean, cov, dims, 0, dims, weights);
+    components_[idx * 2 + static_cast<size_t>(KvKind::kKey)] = Components(mean, cov, dims, 0, n);
+    components_[idx * 2 + static_cast<size_t>(KvKind::kValue)] = Components(mean, cov, dims, n, n);
+    joint_[idx] = Components(mean, cov, dims, 0, dims);
   }
   return absl::OkStatus();
 }
@@ -219,7 +201,7 @@ const HeadComponents& KvProfile::components(int layer_idx, int kv_head, KvKind k
   return components_[HeadIndex(layer_idx, kv_head) * 2 + static_cast<size_t>(kind)];
 }
 
-const JointComponents& KvProfile::joint_components(int layer_idx, int kv_head) const {
+const HeadComponents& KvProfile::joint_components(int layer_idx, int kv_head) const {
   return joint_[HeadIndex(layer_idx, kv_head)];
 }
 
@@ -243,9 +225,7 @@ absl::Status KvProfile::Save(const std::string& path) const {
   for (size_t idx = 0; idx < joint_.size(); ++idx) {
     put_components(components_[idx * 2]);
     put_components(components_[idx * 2 + 1]);
-    put(&joint_[idx].key_weight, 8);
-    put(&joint_[idx].value_weight, 8);
-    put_components(joint_[idx].components);
+    put_components(joint_[idx]);
   }
   out.close();
   if (!out) return absl::DataLossError(absl::StrFormat("writing '%s' failed", path));
@@ -299,10 +279,9 @@ absl::StatusOr<KvProfile> KvProfile::Load(const std::string& path, uint64_t mode
   profile.tokens_seen_ = tokens;
   const size_t n = head_dim;
   for (size_t idx = 0; idx < profile.joint_.size(); ++idx) {
-    JointComponents& joint = profile.joint_[idx];
     if (!get_components(n, &profile.components_[idx * 2]) ||
-        !get_components(n, &profile.components_[idx * 2 + 1]) || !get(&joint.key_weight, 8) ||
-        !get(&joint.value_weight, 8) || !get_components(2 * n, &joint.components)) {
+        !get_components(n, &profile.components_[idx * 2 + 1]) ||
+        !get_components(2 * n, &profile.joint_[idx])) {
       return absl::InvalidArgumentError(absl::StrFormat("profile '%s' is truncated", path));
     }
   }

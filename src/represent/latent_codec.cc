@@ -1,7 +1,7 @@
-// The latent codec: coordinates of the weighted joint PCA of [k; v]. Encoding projects the
-// weighted vector (in double, like the low-rank codec); each role's decode basis is its half of
-// the joint rows mapped back through the weight, so decoding, the unit format and the kernels'
-// fast path are the low-rank codec's (CoordinateCodec).
+// The latent codec: coordinates in the joint PCA basis of [k; v]. Encoding projects the whole
+// vector (in double, like the low-rank codec); each role's decode basis is its half of the
+// joint directions (no longer orthonormal, which decoding does not need), so decoding, the
+// unit format and the kernels' fast path are the low-rank codec's (CoordinateCodec).
 #include "represent/latent_codec.h"
 
 #include <cmath>
@@ -72,24 +72,18 @@ absl::StatusOr<std::unique_ptr<LatentCodec>> LatentCodec::Create(std::string_vie
   codec->role_ = role;
   const int half = role == CodecRole::kKey ? 0 : head_dim;
   for (int h = 0; h < profile.num_kv_heads(); ++h) {
-    const JointComponents& joint = profile.joint_components(layer_idx, h);
-    const HeadComponents& c = joint.components;
+    const HeadComponents& c = profile.joint_components(layer_idx, h);
     KVS_CHECK(c.mean.size() == static_cast<size_t>(dims));
-    for (int i = 0; i < dims; ++i) {
-      codec->joint_weights_.push_back(i < head_dim ? joint.key_weight : joint.value_weight);
-    }
     codec->joint_means_.insert(codec->joint_means_.end(), c.mean.begin(), c.mean.end());
     codec->joint_rows_.insert(codec->joint_rows_.end(), c.basis.begin(),
                               c.basis.begin() + static_cast<size_t>(rank) * dims);
-    // This role's half, mapped back through its weight: x = W^-1 (mean + sum_j c_j e_j).
-    const double inv_weight =
-        1.0 / (role == CodecRole::kKey ? joint.key_weight : joint.value_weight);
+    // This role's half: x = mean + sum_j c_j e_j, read on [0, head_dim) or [head_dim, dims).
     std::vector<float> mean(head_dim), basis(static_cast<size_t>(rank) * head_dim);
-    for (int i = 0; i < head_dim; ++i) mean[i] = static_cast<float>(c.mean[half + i] * inv_weight);
+    for (int i = 0; i < head_dim; ++i) mean[i] = static_cast<float>(c.mean[half + i]);
     for (int j = 0; j < rank; ++j) {
       for (int i = 0; i < head_dim; ++i) {
         basis[static_cast<size_t>(j) * head_dim + i] =
-            static_cast<float>(c.basis[static_cast<size_t>(j) * dims + half + i] * inv_weight);
+            static_cast<float>(c.basis[static_cast<size_t>(j) * dims + half + i]);
       }
     }
     codec->AddHead(mean, basis);
@@ -106,7 +100,6 @@ void LatentCodec::EncodeJointHead(int kv_head, std::span<const float> k, std::sp
   const size_t num_rows = k.size() / dim;
   KVS_CHECK(dst.size() == num_rows * unit_bytes());
   const size_t head = static_cast<size_t>(kv_head);
-  const double* w = joint_weights_.data() + head * dims;
   const double* mu = joint_means_.data() + head * dims;
   const double* e = joint_rows_.data() + head * rank() * dims;
   std::vector<double> y(dims);
@@ -114,7 +107,7 @@ void LatentCodec::EncodeJointHead(int kv_head, std::span<const float> k, std::sp
   for (size_t r = 0; r < num_rows; ++r) {
     for (int i = 0; i < dims; ++i) {
       const float x = i < dim ? k[r * dim + i] : v[r * dim + i - dim];
-      y[i] = std::isfinite(x) ? w[i] * x - mu[i] : 0.0;
+      y[i] = std::isfinite(x) ? x - mu[i] : 0.0;
     }
     for (int j = 0; j < rank(); ++j) {
       double sum = 0;

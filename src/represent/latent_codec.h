@@ -37,8 +37,8 @@ class LatentCodec final : public CoordinateCodec {
   CodecId id() const override { return CodecId::kLatent; }
   CodecRole role() const { return role_; }
   bool joint() const override { return true; }
-  // c_j = e_j . (W [k; v] - mean): the weighted joint PCA's projection (kv_profile.h). A
-  // non-finite element contributes as the mean would.
+  // c_j = e_j . ([k; v] - mean): the projection onto the joint principal directions
+  // (kv_profile.h). A non-finite element contributes as the mean would.
   void EncodeJointHead(int kv_head, std::span<const float> k, std::span<const float> v,
                        std::span<std::byte> dst) const override;
   // One side alone cannot be encoded: invariant violation (see Codec::joint).
@@ -48,9 +48,8 @@ class LatentCodec final : public CoordinateCodec {
   using CoordinateCodec::CoordinateCodec;
 
   CodecRole role_ = CodecRole::kKey;
-  std::vector<double> joint_weights_;  // [num_kv_heads][2 * head_dim]: key_weight.., value_weight..
-  std::vector<double> joint_means_;    // [num_kv_heads][2 * head_dim]: the weighted joint mean
-  std::vector<double> joint_rows_;     // [num_kv_heads][rank][2 * head_dim]: joint principal rows
+  std::vector<double> joint_means_;  // [num_kv_heads][2 * head_dim]
+  std::vector<double> joint_rows_;   // [num_kv_heads][rank][2 * head_dim]: principal directions
 };
 
 }  // namespace kvstack

@@ -36,12 +36,10 @@ TEST(Calibrate, WritesAProfileKeyedToTheModel) {
         EXPECT_GT(energy, 0.5);  // PCA keeps at least what any half of the axes would on average
         EXPECT_LE(energy, 1.0 + 1e-12);
       }
-      // The joint [k; v] of the latent codecs: 2 * head_dim dims, with balancing weights.
-      const JointComponents& joint = profile->joint_components(l, h);
-      EXPECT_EQ(joint.components.eigenvalues.size(), 2u * hp.head_dim);
-      EXPECT_GT(joint.key_weight, 0.0);
-      EXPECT_GT(joint.value_weight, 0.0);
-      const double energy = joint.components.EnergyRetained(hp.head_dim);
+      // The joint [k; v] of the latent codecs: 2 * head_dim dims.
+      const HeadComponents& joint = profile->joint_components(l, h);
+      EXPECT_EQ(joint.eigenvalues.size(), 2u * hp.head_dim);
+      const double energy = joint.EnergyRetained(hp.head_dim);
       EXPECT_GT(energy, 0.5);
       EXPECT_LE(energy, 1.0 + 1e-12);
     }

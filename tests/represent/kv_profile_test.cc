@@ -1,5 +1,5 @@
 // KvProfile: the eigen-solver against known spectra, PCA of synthetic data with a known
-// covariance, the joint [k; v] components and their balancing weights, energy/rank queries,
+// covariance, the joint [k; v] components, energy/rank queries,
 // and the file format (round trip, foreign model and old version refused, corruption caught).
 #include "kvstack/kv_profile.h"
 
@@ -79,9 +79,9 @@ TEST(KvProfile, RecoversKnownVariancesMeansAndEnergy) {
   EXPECT_EQ(c.RankForEnergy(1.0), 4);
 }
 
-// Values that are a fixed linear function of the keys (v = 0.1 * P k, P a channel swap) add
-// no dimension: the joint [k; v] has the keys' rank, and the balancing weights make the two
-// halves equally loud (value_weight = 10 key_weight) so each keeps half the joint energy.
+// Values that are a fixed linear function of the keys (v = 0.1 P k, P a channel swap) add
+// no dimension: the joint [k; v] has the keys' rank, and each joint direction is a key
+// direction d followed by 0.1 P d (so 1/1.01 of its weight lies in the key half).
 TEST(KvProfile, JointComponentsSpanKeysAndValuesTogether) {
   KvProfile profile(7, 1, 1, 4);
   std::mt19937 rng(5);
@@ -96,18 +96,17 @@ TEST(KvProfile, JointComponentsSpanKeysAndValuesTogether) {
   }
   profile.Accumulate(0, keys, values);
   ASSERT_TRUE(profile.Finalize().ok());
-  const JointComponents& joint = profile.joint_components(0, 0);
-  EXPECT_NEAR(joint.value_weight / joint.key_weight, 10.0, 1e-6);
-  const HeadComponents& c = joint.components;
+  const HeadComponents& c = profile.joint_components(0, 0);
   ASSERT_EQ(c.mean.size(), 8u);
-  EXPECT_NEAR(c.mean[0], joint.key_weight * 1.0, 0.1 * joint.key_weight);
-  EXPECT_NEAR(c.mean[4 + 2], joint.value_weight * -0.2, 1e-4 * joint.value_weight);
+  EXPECT_NEAR(c.mean[0], 1.0, 0.1);
+  EXPECT_NEAR(c.mean[4 + 2], -0.2, 1e-5);
   EXPECT_NEAR(c.EnergyRetained(2), 1.0, 1e-9);
   EXPECT_LT(c.EnergyRetained(1), 0.95);
-  // Each direction carries keys and values alike: half its weight in either half.
-  double key_part = 0;
-  for (int i = 0; i < 4; ++i) key_part += c.basis[i] * c.basis[i];
-  EXPECT_NEAR(key_part, 0.5, 1e-6);
+  for (int j = 0; j < 2; ++j) {
+    double key_part = 0;
+    for (int i = 0; i < 4; ++i) key_part += c.basis[j * 8 + i] * c.basis[j * 8 + i];
+    EXPECT_NEAR(key_part, 1 / 1.01, 1e-6) << j;
+  }
   // The key and value blocks alone are what separate accumulation would give.
   EXPECT_NEAR(profile.components(0, 0, KvKind::kKey).eigenvalues[0], 9 * 1.25, 0.5);
   EXPECT_NEAR(profile.components(0, 0, KvKind::kValue).eigenvalues[0], 0.09 * 1.25, 0.005);
@@ -136,10 +135,7 @@ TEST(KvProfile, FileRoundTripAndRefusals) {
   EXPECT_EQ(loaded->tokens_seen(), 20000u);
   EXPECT_EQ(loaded->components(1, 0, KvKind::kKey).basis,
             profile.components(1, 0, KvKind::kKey).basis);
-  EXPECT_EQ(loaded->joint_components(1, 1).components.basis,
-            profile.joint_components(1, 1).components.basis);
-  EXPECT_EQ(loaded->joint_components(1, 1).value_weight,
-            profile.joint_components(1, 1).value_weight);
+  EXPECT_EQ(loaded->joint_components(1, 1).basis, profile.joint_components(1, 1).basis);
 
   auto foreign = KvProfile::Load(path, 0x9999, 2, 2, 4);
   ASSERT_FALSE(foreign.ok());

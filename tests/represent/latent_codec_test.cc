@@ -108,8 +108,8 @@ TEST(LatentCodec, SizesAndFlags) {
 }
 
 TEST(LatentCodec, Int4CoordinatesStayWithinTheirStep) {
-  // Two coordinates spanning at most ~25 units (weighted): a step of <= 25/15, half a step per
-  // coordinate, back through the weights (keys ~1).
+  // Two coordinates spanning at most ~25 units: a step of <= 25/15, half a step per coordinate
+  // (values: the same, at their twentieth of the scale).
   const Errors errors = RoundTrip("latent-r2-int4", 1);
   EXPECT_LT(errors.key, 2.0);
   EXPECT_LT(errors.value, 0.2);

@@ -97,8 +97,8 @@ absl::Status RunCalibrate(const CalibrateFlags& flags) {
   std::printf(
       "| layer | kind | energy at half rank, mean over heads | rank for 90%% | 95%% | "
       "99%% (max over heads) |\n|---|---|---|---|---|---|\n");
-  // One row per layer and kind; `joint` is the weighted [k; v] of the latent codecs, whose half
-  // rank is head_dim.
+  // One row per layer and kind; `joint` is the [k; v] of the latent codecs, whose half rank is
+  // head_dim.
   auto print_row = [&](int l, const char* kind, auto&& components) {
     double energy = 0;
     int r90 = 0, r95 = 0, r99 = 0;
@@ -116,9 +116,8 @@ absl::Status RunCalibrate(const CalibrateFlags& flags) {
       print_row(l, kind == KvKind::kKey ? "K" : "V",
                 [&](int h) -> const HeadComponents& { return profile.components(l, h, kind); });
     }
-    print_row(l, "K;V joint", [&](int h) -> const HeadComponents& {
-      return profile.joint_components(l, h).components;
-    });
+    print_row(l, "K;V joint",
+              [&](int h) -> const HeadComponents& { return profile.joint_components(l, h); });
   }
   return absl::OkStatus();
 }
