@@ -69,7 +69,10 @@ struct VnniPlan {
   size_t head_dim = 0;
   // Values: per block of 16 elements, the vpermt2b index that puts the code bytes of two rows
   // (64 bytes each) into the two words of each dword (see VnniAccumulateTile).
-  alignas(64) uint8_t index[kVnniMaxHeadDim / 16][64];
+  const uint8_t (*index)[64] = nullptr;
+  // Queries: the vpermb index that puts the query bytes of each 64-element chunk in [column]
+  // [part][byte] order (see VnniPrepareQueries).
+  const uint8_t* query_index = nullptr;
 };
 
 // One query head quantised for a VnniPlan (see the file comment).
@@ -90,6 +93,43 @@ bool CpuHasVnni() {
   static const bool has =
       __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
   return has;
+}
+
+// The permute indexes of one code width, computed once.
+struct VnniTables {
+  // Value block m (elements 16 m + i): dword i takes code byte (16 m + i) / parts of the first
+  // row (within its 64-byte half) and of the second row (64 bytes on), in bytes 0 and 2 (int8:
+  // 1 and 3, the words' high bytes, so that an arithmetic shift sign-extends them).
+  alignas(64) uint8_t value_index[kVnniMaxHeadDim / 16][64];
+  // Query element e = (4 c + byte) * parts + part goes to byte `byte` of word c * parts + part;
+  // within each 64 elements, so one vpermb per 64 query bytes: out[i] = in[query_index[i]].
+  alignas(64) uint8_t query_index[64];
+};
+
+const VnniTables& VnniTablesFor(int bits) {
+  static const auto kTables = [] {
+    std::array<VnniTables, 3> tables{};  // bits 8, 4, 2
+    for (int t = 0; t < 3; ++t) {
+      const int bits = 8 >> t;
+      const int parts = 8 / bits;
+      const int low = bits == 8 ? 1 : 0;
+      for (size_t m = 0; m < kVnniMaxHeadDim / 16; ++m) {
+        for (int i = 0; i < 16; ++i) {
+          const int byte = static_cast<int>((16 * m + i) / parts) % 64;
+          uint8_t* dword = tables[t].value_index[m] + 4 * i;
+          dword[low] = static_cast<uint8_t>(byte);
+          dword[low + 2] = static_cast<uint8_t>(64 + byte);
+          dword[1 - low] = dword[3 - low] = 0;
+        }
+      }
+      for (int e = 0; e < 64; ++e) {
+        const int part = e % parts, column = e / parts / 4, byte = e / parts % 4;
+        tables[t].query_index[4 * (column * parts + part) + byte] = static_cast<uint8_t>(e);
+      }
+    }
+    return tables;
+  }();
+  return kTables[bits == 8 ? 0 : bits == 4 ? 1 : 2];
 }
 
 // The plan for one arena's keys or values (values use the permute indexes, keys the blocks).
@@ -122,63 +162,65 @@ VnniPlan PlanVnni(const SideSpec& side, size_t head_dim, size_t lanes) {
       return plan;
   }
   plan.block_elems = plan.group_elems % 32 == 0 ? 32 : 16;
-  // Value block m (elements 16 m + i): dword i takes code byte (16 m + i) / parts of the first
-  // row (within its 64-byte half) and of the second row (64 bytes on), in bytes 0 and 2 (int8:
-  // 1 and 3, the words' high bytes, so that an arithmetic shift sign-extends them).
-  const int parts = 8 / plan.bits;
-  const int low = plan.bits == 8 ? 1 : 0;
-  for (size_t m = 0; m < head_dim / 16; ++m) {
-    for (int i = 0; i < 16; ++i) {
-      const int byte = static_cast<int>((16 * m + i) / parts) % 64;
-      plan.index[m][4 * i + low] = static_cast<uint8_t>(byte);
-      plan.index[m][4 * i + low + 2] = static_cast<uint8_t>(64 + byte);
-      plan.index[m][4 * i + 1 - low] = 0;
-      plan.index[m][4 * i + 3 - low] = 0;
-    }
-  }
+  const VnniTables& tables = VnniTablesFor(plan.bits);
+  plan.index = tables.value_index;
+  plan.query_index = tables.query_index;
   plan.ok = true;
   return plan;
 }
 
 // Quantises the `group` query heads q: [group, head_dim] (scaled, rotated) for `plan`.
-void VnniPrepareQueries(const VnniPlan& plan, const float* q, int group, VnniQuery* out) {
-  const int parts = 8 / plan.bits;
+KVS_VNNI_ATTR void VnniPrepareQueries(const VnniPlan& plan, const float* q, int group,
+                                      VnniQuery* out) {
   const int head_dim = static_cast<int>(plan.head_dim);
   const int block = plan.block_elems;
+  const __m512i limit = _mm512_set1_epi32(127);
+  const __m512i query_index = _mm512_load_si512(plan.query_index);
   for (int j = 0; j < group; ++j) {
     const float* qj = q + static_cast<size_t>(j) * head_dim;
     VnniQuery& vq = out[j];
-    int8_t hi[kVnniMaxHeadDim], lo[kVnniMaxHeadDim];
-    for (int b = 0; b < head_dim / block; ++b) {
-      float max_abs = 0.0f;
-      for (int e = b * block; e < (b + 1) * block; ++e)
-        max_abs = std::max(max_abs, std::abs(qj[e]));
-      const float sq = max_abs / 127.0f;
-      const float inv = max_abs > 0.0f ? 127.0f / max_abs : 0.0f;
-      int32_t sum = 0;
-      for (int e = b * block; e < (b + 1) * block; ++e) {
-        const float h = std::clamp(std::nearbyint(qj[e] * inv), -127.0f, 127.0f);
-        const float l =
-            std::clamp(std::nearbyint((qj[e] - h * sq) * 256.0f * inv), -127.0f, 127.0f);
-        hi[e] = static_cast<int8_t>(h);
-        lo[e] = static_cast<int8_t>(l);
-        sum += 256 * hi[e] + lo[e];
+    alignas(64) int8_t hi[kVnniMaxHeadDim], lo[kVnniMaxHeadDim];
+    for (int b0 = 0; b0 < head_dim; b0 += block) {
+      __m512 max_abs = _mm512_setzero_ps();
+      for (int e = b0; e < b0 + block; e += 16) {
+        max_abs = _mm512_max_ps(max_abs, _mm512_abs_ps(_mm512_loadu_ps(qj + e)));
       }
-      vq.block_scale[b] = sq / 256.0f;
-      vq.correction[b] = 128 * sum;
+      const float m = _mm512_reduce_max_ps(max_abs);
+      const __m512 sq = _mm512_set1_ps(m / 127.0f);
+      const __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+      __m512i sum = _mm512_setzero_si512();
+      for (int e = b0; e < b0 + block; e += 16) {
+        const __m512 x = _mm512_loadu_ps(qj + e);
+        // Round to nearest (the default rounding mode), clamped to the int8 range.
+        const __m512i h =
+            _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x, inv)), limit),
+                             _mm512_sub_epi32(_mm512_setzero_si512(), limit));
+        const __m512 rest = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(h), sq, x);
+        const __m512i l = _mm512_max_epi32(
+            _mm512_min_epi32(
+                _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(rest, inv), _mm512_set1_ps(256.0f))),
+                limit),
+            _mm512_sub_epi32(_mm512_setzero_si512(), limit));
+        _mm_store_si128(reinterpret_cast<__m128i*>(hi + e), _mm512_cvtepi32_epi8(h));
+        _mm_store_si128(reinterpret_cast<__m128i*>(lo + e), _mm512_cvtepi32_epi8(l));
+        sum = _mm512_add_epi32(sum, _mm512_add_epi32(_mm512_slli_epi32(h, 8), l));
+      }
+      vq.block_scale[b0 / block] = m / 127.0f / 256.0f;
+      vq.correction[b0 / block] = 128 * _mm512_reduce_add_epi32(sum);
     }
-    // Element e = (4 c + byte) * parts + part sits in byte `byte` of word c * parts + part.
-    for (int e = 0; e < head_dim; ++e) {
-      const int part = e % parts, column = e / parts / 4, byte = e / parts % 4;
-      uint8_t* hw = reinterpret_cast<uint8_t*>(&vq.hi[column * parts + part]);
-      uint8_t* lw = reinterpret_cast<uint8_t*>(&vq.lo[column * parts + part]);
-      hw[byte] = static_cast<uint8_t>(hi[e]);
-      lw[byte] = static_cast<uint8_t>(lo[e]);
+    // Into [column][part][byte] order, 64 elements at a time.
+    for (int e = 0; e < head_dim; e += 64) {
+      _mm512_storeu_si512(reinterpret_cast<std::byte*>(vq.hi) + e,
+                          _mm512_permutexvar_epi8(query_index, _mm512_load_si512(hi + e)));
+      _mm512_storeu_si512(reinterpret_cast<std::byte*>(vq.lo) + e,
+                          _mm512_permutexvar_epi8(query_index, _mm512_load_si512(lo + e)));
     }
     for (int g = 0; g < plan.num_groups; ++g) {
-      float sum = 0.0f;
-      for (int e = g * plan.group_elems; e < (g + 1) * plan.group_elems; ++e) sum += qj[e];
-      vq.group_sum[g] = sum;
+      __m512 sum = _mm512_setzero_ps();
+      for (int e = g * plan.group_elems; e < (g + 1) * plan.group_elems; e += 16) {
+        sum = _mm512_add_ps(sum, _mm512_loadu_ps(qj + e));
+      }
+      vq.group_sum[g] = _mm512_reduce_add_ps(sum);
     }
   }
 }
@@ -236,44 +278,90 @@ KVS_VNNI_ATTR HWY_INLINE void ScoreColumns(const VnniPlan& plan, const __m512i* 
   constexpr int kParts = 8 / kBits;
   const int cols_per_block = plan.block_elems / (4 * kParts);
   const int blocks_per_group = plan.group_elems / plan.block_elems;
-  const int num_blocks = static_cast<int>(plan.head_dim) / plan.block_elems;
+  const int num_groups = plan.num_groups;
   const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << kBits) - 1));
   const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
   __m512 total[kNumQ];
   for (int j = 0; j < kNumQ; ++j) total[j] = _mm512_setzero_ps();
-  for (int b = 0; b < num_blocks; ++b) {
-    __m512i hi[kNumQ], lo[kNumQ];
-    for (int j = 0; j < kNumQ; ++j) hi[j] = lo[j] = _mm512_setzero_si512();
-    for (int c = b * cols_per_block; c < (b + 1) * cols_per_block; ++c) {
-      for (int r = 0; r < kParts; ++r) {
-        __m512i u;
-        if constexpr (kBits == 8) {
-          u = _mm512_xor_si512(cols[c], sign);  // s8 codes + 128: unsigned
-        } else {
-          u = _mm512_and_si512(r == 0 ? cols[c] : _mm512_srli_epi32(cols[c], r * kBits), mask);
-        }
-        for (int j = 0; j < kNumQ; ++j) {
-          hi[j] = _mm512_dpbusd_epi32(hi[j], u, _mm512_set1_epi32(q[j].hi[c * kParts + r]));
-          if constexpr (kPrecise) {
-            lo[j] = _mm512_dpbusd_epi32(lo[j], u, _mm512_set1_epi32(q[j].lo[c * kParts + r]));
+  for (int g = 0, b = 0; g < num_groups; ++g) {
+    for (int b_end = b + blocks_per_group; b < b_end; ++b) {
+      __m512i hi[kNumQ], lo[kNumQ];
+      for (int j = 0; j < kNumQ; ++j) hi[j] = lo[j] = _mm512_setzero_si512();
+      for (int c = b * cols_per_block; c < (b + 1) * cols_per_block; ++c) {
+        for (int r = 0; r < kParts; ++r) {
+          __m512i u;
+          if constexpr (kBits == 8) {
+            u = _mm512_xor_si512(cols[c], sign);  // s8 codes + 128: unsigned
+          } else {
+            u = _mm512_and_si512(r == 0 ? cols[c] : _mm512_srli_epi32(cols[c], r * kBits), mask);
+          }
+          for (int j = 0; j < kNumQ; ++j) {
+            hi[j] = _mm512_dpbusd_epi32(hi[j], u, _mm512_set1_epi32(q[j].hi[c * kParts + r]));
+            if constexpr (kPrecise) {
+              lo[j] = _mm512_dpbusd_epi32(lo[j], u, _mm512_set1_epi32(q[j].lo[c * kParts + r]));
+            }
           }
         }
       }
+      for (int j = 0; j < kNumQ; ++j) {
+        __m512i acc = _mm512_slli_epi32(hi[j], 8);
+        if constexpr (kPrecise) acc = _mm512_add_epi32(acc, lo[j]);
+        if constexpr (kBits == 8) {
+          acc = _mm512_sub_epi32(acc, _mm512_set1_epi32(q[j].correction[b]));
+        }
+        const __m512 block_scale = _mm512_set1_ps(q[j].block_scale[b]);
+        total[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(scale[g], block_scale),
+                                   total[j]);
+      }
     }
-    const int g = b / blocks_per_group;
-    for (int j = 0; j < kNumQ; ++j) {
-      __m512i acc = _mm512_slli_epi32(hi[j], 8);
-      if constexpr (kPrecise) acc = _mm512_add_epi32(acc, lo[j]);
-      if constexpr (kBits == 8) acc = _mm512_sub_epi32(acc, _mm512_set1_epi32(q[j].correction[b]));
-      const __m512 block_scale = _mm512_set1_ps(q[j].block_scale[b]);
-      total[j] =
-          _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(scale[g], block_scale), total[j]);
-      if (kBits != 8 && b % blocks_per_group == blocks_per_group - 1) {
+    if constexpr (kBits != 8) {
+      for (int j = 0; j < kNumQ; ++j) {
         total[j] = _mm512_fmadd_ps(min[g], _mm512_set1_ps(q[j].group_sum[g]), total[j]);
       }
     }
   }
   for (int j = 0; j < kNumQ; ++j) _mm512_storeu_ps(s + j * s_stride, total[j]);
+}
+
+// The first 4 dwords of the 16 rows base[k] as columns (cols[c]: dword c of every row), for
+// headers: 4 rows per vector by 128-bit inserts, then two rounds of two-source permutes
+// instead of a whole 16x16 transpose. Reads 16 bytes of each row (a header and its codes
+// always hold that many).
+KVS_VNNI_ATTR HWY_INLINE void LoadFourColumns(const std::byte* const* base, __m512i* cols) {
+  __m512i a[4];  // rows 4 i .. 4 i + 3, one per 128-bit lane
+  for (int i = 0; i < 4; ++i) {
+    const auto row = [&](int k) {
+      return _mm_loadu_si128(reinterpret_cast<const __m128i*>(base[4 * i + k]));
+    };
+    __m512i v = _mm512_castsi128_si512(row(0));
+    v = _mm512_inserti32x4(v, row(1), 1);
+    v = _mm512_inserti32x4(v, row(2), 2);
+    a[i] = _mm512_inserti32x4(v, row(3), 3);
+  }
+  // Round 1: b[2 h + d / 2] = dwords d, d + 1 (d even) of rows 8 h .. 8 h + 7, 8 each.
+  // Round 2: column d = dword d of rows 0..7 then of rows 8..15.
+  alignas(64) static constexpr auto kIndex = [] {
+    std::array<std::array<int32_t, 16>, 4> index{};
+    for (int p = 0; p < 16; ++p) {
+      const int row = p % 8, d = p / 8;  // round 1, dword pair (0, 1)
+      index[0][p] = (row / 4) * 16 + 4 * (row % 4) + d;
+      index[1][p] = index[0][p] + 2;         // dword pair (2, 3)
+      index[2][p] = p < 8 ? p : 16 + p - 8;  // round 2, the first dword of each pair
+      index[3][p] = p < 8 ? 8 + p : 16 + p;  // the second
+    }
+    return index;
+  }();
+  const auto idx = [&](int i) {
+    return _mm512_load_si512(reinterpret_cast<const __m512i*>(kIndex[i].data()));
+  };
+  const __m512i b01 = _mm512_permutex2var_epi32(a[0], idx(0), a[1]);  // rows 0-7: d0, d1
+  const __m512i b23 = _mm512_permutex2var_epi32(a[0], idx(1), a[1]);  // rows 0-7: d2, d3
+  const __m512i c01 = _mm512_permutex2var_epi32(a[2], idx(0), a[3]);  // rows 8-15: d0, d1
+  const __m512i c23 = _mm512_permutex2var_epi32(a[2], idx(1), a[3]);  // rows 8-15: d2, d3
+  cols[0] = _mm512_permutex2var_epi32(b01, idx(2), c01);
+  cols[1] = _mm512_permutex2var_epi32(b01, idx(3), c01);
+  cols[2] = _mm512_permutex2var_epi32(b23, idx(2), c23);
+  cols[3] = _mm512_permutex2var_epi32(b23, idx(3), c23);
 }
 
 // The per-key (scale, min) of every group of 16 keys as vectors over the keys.
@@ -288,7 +376,11 @@ KVS_VNNI_ATTR HWY_INLINE void LoadGroupScales(const VnniPlan& plan, const RowSet
   }
   const int header_dwords = plan.absmax ? (plan.num_groups + 1) / 2 : plan.num_groups;
   __m512i cols[16];
-  LoadColumns(keys.hdrs + key0, 0, header_dwords, cols);
+  if (header_dwords <= 4) {
+    LoadFourColumns(keys.hdrs + key0, cols);
+  } else {
+    LoadColumns(keys.hdrs + key0, 0, header_dwords, cols);
+  }
   for (int c = 0; c < header_dwords; ++c) {
     const __m512 low = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(cols[c]));
     const __m512 high = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(cols[c], 16)));
@@ -436,8 +528,8 @@ KVS_VNNI_ATTR void VnniAccumulateTileBits(const VnniPlan& plan, const RowSet& va
   const size_t num_keys16 = (num_keys + 15) / 16 * 16;
   const size_t num_pairs = num_keys16 / 2;
   const int num_groups = plan.num_groups;
-  // Per group, the keys' scales and minima: [num_groups][num_keys16] each, and the largest
-  // |scale| of each group in the tile.
+  // Per group, the keys' minima and scales over the largest |scale| in the tile:
+  // [num_groups][num_keys16] each.
   float* hs = Scratch(kSlotHeaders, 2 * static_cast<size_t>(num_groups) * num_keys16);
   float* hm = hs + static_cast<size_t>(num_groups) * num_keys16;
   __m512 scale_max[16];
@@ -451,32 +543,43 @@ KVS_VNNI_ATTR void VnniAccumulateTileBits(const VnniPlan& plan, const RowSet& va
       scale_max[g] = _mm512_max_ps(scale_max[g], _mm512_abs_ps(scale[g]));
     }
   }
+  float group_scale_max[16];
+  for (int g = 0; g < num_groups; ++g) {
+    group_scale_max[g] = _mm512_reduce_max_ps(scale_max[g]);
+    const __m512 inv = _mm512_set1_ps(group_scale_max[g] > 0.0f ? 1.0f / group_scale_max[g] : 0.0f);
+    float* sg = hs + g * num_keys16;
+    for (size_t k = 0; k < num_keys16; k += 16) {
+      _mm512_storeu_ps(sg + k, _mm512_mul_ps(_mm512_loadu_ps(sg + k), inv));
+    }
+  }
   // Quantised weights [group][num_groups][num_pairs], their scales W and the minima's sums,
-  // [j * num_groups + g]. W = max_t p_j[t] * max_t |scale_g[t]| / 32767 bounds every weight
-  // of (j, g) without a pass per pair over the tile.
+  // [j * num_groups + g]. With p' = 32767 p / max_t p_j[t] and s' = s / max_t |s_g[t]|, the
+  // weight is p' s' (|p' s'| <= 32767) and W = max p_j * max |s_g| / 32767.
   thread_local std::vector<int32_t> weights;
   thread_local std::vector<float> w_scale, min_sum;
   weights.resize(static_cast<size_t>(group) * num_groups * num_pairs);
   w_scale.resize(static_cast<size_t>(group) * num_groups);
   min_sum.resize(static_cast<size_t>(group) * num_groups);
+  float* pn = Scratch(kSlotUnit, num_keys16);  // p' of one head
   const size_t group_stride = num_pairs;
   for (int j = 0; j < group; ++j) {
     const float* pj = p + j * p_stride;
     __m512 vmax = _mm512_setzero_ps();
     for (size_t k = 0; k < num_keys16; k += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(pj + k));
     const float p_max = _mm512_reduce_max_ps(vmax);
+    const __m512 inv = _mm512_set1_ps(p_max > 0.0f ? 32767.0f / p_max : 0.0f);
+    for (size_t k = 0; k < num_keys16; k += 16) {
+      _mm512_storeu_ps(pn + k, _mm512_mul_ps(_mm512_loadu_ps(pj + k), inv));
+    }
     for (int g = 0; g < num_groups; ++g) {
       const float* sg = hs + g * num_keys16;
       const float* mg = hm + g * num_keys16;
-      const float max_w = p_max * _mm512_reduce_max_ps(scale_max[g]);
-      const __m512 inv = _mm512_set1_ps(max_w > 0.0f ? 32767.0f / max_w : 0.0f);
-      w_scale[j * num_groups + g] = max_w / 32767.0f;
+      w_scale[j * num_groups + g] = p_max * group_scale_max[g] / 32767.0f;
       int32_t* wq = weights.data() + (static_cast<size_t>(j) * num_groups + g) * group_stride;
       __m512 vmin_sum = _mm512_setzero_ps();
       for (size_t k = 0; k < num_keys16; k += 16) {
-        const __m512 pk = _mm512_loadu_ps(pj + k);
-        vmin_sum = _mm512_fmadd_ps(pk, _mm512_loadu_ps(mg + k), vmin_sum);
-        const __m512 w = _mm512_mul_ps(_mm512_mul_ps(pk, _mm512_loadu_ps(sg + k)), inv);
+        vmin_sum = _mm512_fmadd_ps(_mm512_loadu_ps(pj + k), _mm512_loadu_ps(mg + k), vmin_sum);
+        const __m512 w = _mm512_mul_ps(_mm512_loadu_ps(pn + k), _mm512_loadu_ps(sg + k));
         // Nearest int16 of each key's weight; keys 2u and 2u + 1 share dword u.
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(wq + k / 2),
                             _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(w)));
