@@ -88,9 +88,11 @@ absl::Status RunStreamSweep(const SweepFlags& flags, const KvConfig& base,
     bar.Update(static_cast<int>(configs.size()), static_cast<int>(configs.size()));
   }
   if (flags.csv_path != "-" && flags.json_path != "-") {
-    std::printf("Streaming %d tokens (trained context: %d), perplexity per segment of %d\n\n%s",
-                flags.stream_tokens, model.hparams().context_length, flags.segment_tokens,
-                MarkdownTable(rows, flags.segment_tokens).c_str());
+    std::printf(
+        "Streaming %d tokens (the model file's context_length: %d), perplexity per segment of "
+        "%d\n\n%s",
+        flags.stream_tokens, model.hparams().context_length, flags.segment_tokens,
+        MarkdownTable(rows, flags.segment_tokens).c_str());
   }
   if (!flags.csv_path.empty()) {
     KVS_RETURN_IF_ERROR(WriteOutput("--csv", flags.csv_path, Csv(rows, flags.segment_tokens)));
