@@ -67,7 +67,7 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
   const VnniPlan vnni = PlanVnni(k_side, head_dim, nd);
   const VnniPlan vnni_values = PlanVnni(v_side, head_dim, nd);
   thread_local std::vector<VnniQuery> vnni_queries;
-  if (vnni.ok) {
+  if (vnni.ok && !vnni.kivi) {  // (KIVI quantises per unit: its scales fold into the query)
     vnni_queries.resize(group);
     VnniPrepareQueries(vnni, q, group, vnni_queries.data());
   }
@@ -85,7 +85,7 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
     FillRows(view, k_side, true, kv_head, t0, t1, &keys);
     FillRows(view, v_side, false, kv_head, t0, t1, &values);
     if (vnni.ok) {
-      VnniScoreTile(vnni, keys, values, num_keys, vnni_queries.data(), group, s, s_stride);
+      VnniScoreTile(vnni, keys, values, num_keys, vnni_queries.data(), q, group, s, s_stride);
     } else {
       score(keys, values, num_keys, q, group, head_dim, s, s_stride);
     }

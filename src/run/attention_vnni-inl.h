@@ -65,6 +65,7 @@ struct VnniPlan {
   int group_elems = 0;     // integer groups: elements per (scale, min) pair; int8: head_dim
   int num_groups = 1;      // per row
   bool absmax = false;     // header holds one f16 d per group: (scale, min) = (d, -8 d)
+  bool kivi = false;       // KIVI keys: per-channel (scale, min) per unit, folded into the query
   size_t code_offset = 0;  // bytes from rows[k] to the codes (int8: the f16 scale)
   size_t head_dim = 0;
   // Values: per block of 16 elements, the vpermt2b index that puts the code bytes of two rows
@@ -158,6 +159,12 @@ VnniPlan PlanVnni(const SideSpec& side, size_t head_dim, size_t lanes) {
       }
       break;
     }
+    case Reader::kKivi4:
+    case Reader::kKivi2:
+      plan.bits = side.reader == Reader::kKivi2 ? 2 : 4;
+      plan.group_elems = static_cast<int>(head_dim);
+      plan.kivi = true;
+      break;
     default:
       return plan;
   }
@@ -176,6 +183,7 @@ KVS_VNNI_ATTR void VnniPrepareQueries(const VnniPlan& plan, const float* q, int 
   const int block = plan.block_elems;
   const __m512i limit = _mm512_set1_epi32(127);
   const __m512i query_index = _mm512_load_si512(plan.query_index);
+  const bool precise = plan.bits == 8;  // hi and lo (see the file comment)
   for (int j = 0; j < group; ++j) {
     const float* qj = q + static_cast<size_t>(j) * head_dim;
     VnniQuery& vq = out[j];
@@ -195,13 +203,14 @@ KVS_VNNI_ATTR void VnniPrepareQueries(const VnniPlan& plan, const float* q, int 
         const __m512i h =
             _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x, inv)), limit),
                              _mm512_sub_epi32(_mm512_setzero_si512(), limit));
+        _mm_store_si128(reinterpret_cast<__m128i*>(hi + e), _mm512_cvtepi32_epi8(h));
+        if (!precise) continue;  // only int8 keys read lo and the correction
         const __m512 rest = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(h), sq, x);
         const __m512i l = _mm512_max_epi32(
             _mm512_min_epi32(
                 _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(rest, inv), _mm512_set1_ps(256.0f))),
                 limit),
             _mm512_sub_epi32(_mm512_setzero_si512(), limit));
-        _mm_store_si128(reinterpret_cast<__m128i*>(hi + e), _mm512_cvtepi32_epi8(h));
         _mm_store_si128(reinterpret_cast<__m128i*>(lo + e), _mm512_cvtepi32_epi8(l));
         sum = _mm512_add_epi32(sum, _mm512_add_epi32(_mm512_slli_epi32(h, 8), l));
       }
@@ -212,9 +221,11 @@ KVS_VNNI_ATTR void VnniPrepareQueries(const VnniPlan& plan, const float* q, int 
     for (int e = 0; e < head_dim; e += 64) {
       _mm512_storeu_si512(reinterpret_cast<std::byte*>(vq.hi) + e,
                           _mm512_permutexvar_epi8(query_index, _mm512_load_si512(hi + e)));
+      if (!precise) continue;
       _mm512_storeu_si512(reinterpret_cast<std::byte*>(vq.lo) + e,
                           _mm512_permutexvar_epi8(query_index, _mm512_load_si512(lo + e)));
     }
+    if (plan.kivi) continue;  // no group minima: the unit's bias holds q . min
     for (int g = 0; g < plan.num_groups; ++g) {
       __m512 sum = _mm512_setzero_ps();
       for (int e = g * plan.group_elems; e < (g + 1) * plan.group_elems; e += 16) {
@@ -429,10 +440,86 @@ KVS_VNNI_ATTR void VnniScoreTileBits(const VnniPlan& plan, const RowSet& keys, c
   }
 }
 
+// KIVI keys: a unit's key is codes * scale_c + min_c per channel c, so q . k = (q * scale) .
+// codes + q . min. Per unit and query head the query q' = q * scale is quantised as above (and
+// q . min kept as a bias); runs of a block's 16 keys that share a unit are scored with it.
+//   q: [group, head_dim] scaled (and rotated) float queries
+template <int kBits>
+KVS_VNNI_ATTR void VnniScoreTileKivi(const VnniPlan& plan, const RowSet& keys, const RowSet& values,
+                                     size_t num_keys, const float* q, int group, float* s,
+                                     size_t s_stride) {
+  const size_t head_dim = plan.head_dim;
+  const int code_dwords = static_cast<int>(head_dim) * kBits / 32;
+  thread_local std::vector<VnniQuery> unit_queries;
+  thread_local std::vector<float> folded;  // [group][head_dim] q * scale of the unit
+  unit_queries.resize(group);
+  folded.resize(static_cast<size_t>(group) * head_dim);
+  float bias[64];  // q . min per head (groups of up to 64 heads)
+  KVS_CHECK(group <= 64);
+  const std::byte* prepared_unit = nullptr;
+  __m512 scale[1] = {_mm512_set1_ps(1.0f)}, min[1] = {_mm512_setzero_ps()};
+  alignas(64) float block_scores[4 * 16];
+  for (size_t key0 = 0; key0 < num_keys; key0 += 16) {
+    for (size_t k = key0; k < key0 + 16; k += 4) {
+      PrefetchAhead(keys, k, num_keys);
+      PrefetchAhead(values, k, num_keys);
+    }
+    __m512i cols[kVnniMaxHeadDim / 4];
+    LoadColumns(keys.rows + key0, 0, code_dwords, cols);
+    for (size_t k = key0; k < key0 + 16;) {
+      const std::byte* unit = keys.hdrs[k];
+      size_t run_end = k + 1;
+      while (run_end < key0 + 16 && keys.hdrs[run_end] == unit) ++run_end;
+      if (unit != prepared_unit) {  // the unit's (scale, min) pairs, folded into the queries
+        for (int j = 0; j < group; ++j) {
+          __m512 b = _mm512_setzero_ps();
+          for (size_t c = 0; c < head_dim; c += 16) {
+            const __m512i pairs = _mm512_loadu_si512(unit + 4 * c);
+            const __m512 sc = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(pairs));
+            const __m512 mn = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(pairs, 16)));
+            const __m512 qv = _mm512_loadu_ps(q + j * head_dim + c);
+            _mm512_storeu_ps(folded.data() + j * head_dim + c, _mm512_mul_ps(qv, sc));
+            b = _mm512_fmadd_ps(qv, mn, b);
+          }
+          bias[j] = _mm512_reduce_add_ps(b);
+        }
+        VnniPrepareQueries(plan, folded.data(), group, unit_queries.data());
+        prepared_unit = unit;
+      }
+      const __mmask16 run = static_cast<__mmask16>(((1u << (run_end - k)) - 1) << (k - key0));
+      for (int j = 0; j < group;) {
+        const int step = std::min(4, group - j);
+        if (step == 4) {
+          ScoreColumns<kBits, 4, false>(plan, cols, scale, min, &unit_queries[j], block_scores, 16);
+        } else if (step >= 2) {
+          ScoreColumns<kBits, 2, false>(plan, cols, scale, min, &unit_queries[j], block_scores, 16);
+        } else {
+          ScoreColumns<kBits, 1, false>(plan, cols, scale, min, &unit_queries[j], block_scores, 16);
+        }
+        const int done = step == 3 ? 2 : step;
+        for (int jj = 0; jj < done; ++jj) {
+          const __m512 v =
+              _mm512_add_ps(_mm512_load_ps(block_scores + 16 * jj), _mm512_set1_ps(bias[j + jj]));
+          _mm512_mask_storeu_ps(s + (j + jj) * s_stride + key0, run, v);
+        }
+        j += done;
+      }
+      k = run_end;
+    }
+  }
+}
+
 // Scores of a tile's keys (rows padded to a multiple of 16) for the `group` query heads:
-// s: [group, s_stride], as ScoreTile.
+// s: [group, s_stride], as ScoreTile. q: the prepared queries (VnniPrepareQueries);
+// q_float: [group, head_dim] the scaled float queries (KIVI folds each unit's scales in).
 void VnniScoreTile(const VnniPlan& plan, const RowSet& keys, const RowSet& values, size_t num_keys,
-                   const VnniQuery* q, int group, float* s, size_t s_stride) {
+                   const VnniQuery* q, const float* q_float, int group, float* s, size_t s_stride) {
+  if (plan.kivi) {
+    if (plan.bits == 4) {
+      return VnniScoreTileKivi<4>(plan, keys, values, num_keys, q_float, group, s, s_stride);
+    }
+    return VnniScoreTileKivi<2>(plan, keys, values, num_keys, q_float, group, s, s_stride);
+  }
   switch (plan.bits) {
     case 8:
       return VnniScoreTileBits<8>(plan, keys, values, num_keys, q, group, s, s_stride);
@@ -661,8 +748,8 @@ void VnniAccumulateTile(const VnniPlan& plan, const RowSet& values, size_t num_k
 
 VnniPlan PlanVnni(const SideSpec&, size_t, size_t) { return {}; }
 void VnniPrepareQueries(const VnniPlan&, const float*, int, VnniQuery*) {}
-void VnniScoreTile(const VnniPlan&, const RowSet&, const RowSet&, size_t, const VnniQuery*, int,
-                   float*, size_t) {}
+void VnniScoreTile(const VnniPlan&, const RowSet&, const RowSet&, size_t, const VnniQuery*,
+                   const float*, int, float*, size_t) {}
 void VnniAccumulateTile(const VnniPlan&, const RowSet&, size_t, const float*, size_t, int, float*,
                         size_t) {}
 
