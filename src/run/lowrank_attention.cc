@@ -34,6 +34,7 @@
 #define HWY_TARGET_INCLUDE "run/lowrank_attention.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // Order matters: foreach_target.h must come before highway.h.
+#include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 
@@ -53,6 +54,9 @@ constexpr int kTile = 64;
 // Decode: the smallest chunk of arena keys worth a task of its own, and tasks per thread.
 constexpr int kMinChunk = 256;
 constexpr int kTasksPerThread = 4;
+// Keys ahead of the one being read whose units are requested from memory, and a cache line.
+constexpr int kPrefetchTokens = 128;
+constexpr size_t kCacheLine = 64;
 // Prefill: about this many rows ((query, head) pairs) per task.
 constexpr int kPrefillRows = 32;
 
@@ -65,11 +69,9 @@ float* Scratch(Slot slot, size_t num_floats) {
   return buffer.data();
 }
 
-// Integer scratch, same rule: the rows' causal limits and the tiles' live flags.
-enum IntSlot { kIntLimits, kIntLive, kNumIntSlots };
-int* ScratchInts(IntSlot slot, size_t n) {
-  thread_local std::vector<int> buffers[kNumIntSlots];
-  std::vector<int>& buffer = buffers[slot];
+// Integer scratch, same rule: the rows' causal limits.
+int* ScratchInts(size_t n) {
+  thread_local std::vector<int> buffer;
   if (buffer.size() < n) buffer.resize(n);
   return buffer.data();
 }
@@ -87,45 +89,110 @@ HWY_INLINE void ForVectors(size_t n, Body&& body) {
   for (; i < n; ++i) body(d1, i);
 }
 
-// sums[k] += q_k . x over [i, n) in vectors of d, for kRows rows q_k = q + k * q_stride;
-// returns where it stopped (the rest does not fill a vector of d).
-template <int kRows, class D>
-HWY_INLINE size_t DotPart(D d, const float* HWY_RESTRICT q, size_t q_stride,
-                          const float* HWY_RESTRICT x, size_t i, size_t n, float* sums) {
+#if HWY_TARGET != HWY_SCALAR
+// Stores the sum of the 128-bit blocks of v (4 lanes each) to out[0, 4).
+template <class D, class V>
+HWY_INLINE void StoreSumOfBlocks(D d, V v, float* HWY_RESTRICT out) {
+  if constexpr (hn::MaxLanes(D()) > 4) {
+    const hn::Half<D> dh;
+    StoreSumOfBlocks(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)), out);
+  } else {
+    hn::StoreU(v, d, out);
+  }
+}
+#endif
+
+// out[0..4) += the lane sums of a, b, c, e: four horizontal sums for the price of about one,
+// by transposing pairs of lanes within each 128-bit block (as attention's decode readers do).
+template <class D, class V>
+HWY_INLINE void AddSumOfLanes4(D d, V a, V b, V c, V e, float* HWY_RESTRICT out) {
+  float sums[4];
+  if constexpr (hn::MaxLanes(D()) < 4) {
+    sums[0] = hn::GetLane(hn::SumOfLanes(d, a));
+    sums[1] = hn::GetLane(hn::SumOfLanes(d, b));
+    sums[2] = hn::GetLane(hn::SumOfLanes(d, c));
+    sums[3] = hn::GetLane(hn::SumOfLanes(d, e));
+  } else {
+#if HWY_TARGET != HWY_SCALAR
+    // Per block: [a0+a2, b0+b2, a1+a3, b1+b3] and the same for c, e.
+    const V ab = hn::Add(hn::InterleaveLower(d, a, b), hn::InterleaveUpper(d, a, b));
+    const V ce = hn::Add(hn::InterleaveLower(d, c, e), hn::InterleaveUpper(d, c, e));
+    const hn::Repartition<uint64_t, D> du64;
+    const auto ab64 = hn::BitCast(du64, ab), ce64 = hn::BitCast(du64, ce);
+    const V lo = hn::BitCast(d, hn::InterleaveLower(du64, ab64, ce64));
+    const V hi = hn::BitCast(d, hn::InterleaveUpper(du64, ab64, ce64));
+    StoreSumOfBlocks(d, hn::Add(lo, hi), sums);
+#endif
+  }
+  for (int k = 0; k < 4; ++k) out[k] += sums[k];
+}
+
+// How the keys or values of a tile are read: F32 rows (segments, decoded rows, 4-bit
+// coordinates dequantised to scratch) or F16 coordinates straight from the arena, widened in
+// registers.
+enum class Format { kF32, kF16 };
+
+template <Format kX, class D>
+HWY_INLINE hn::Vec<D> LoadX(D d, const void* x, size_t i) {
+  if constexpr (kX == Format::kF16) {
+    const hn::Rebind<hwy::float16_t, D> d16;
+    return hn::PromoteTo(d, hn::LoadU(d16, static_cast<const hwy::float16_t*>(x) + i));
+  } else {
+    return hn::LoadU(d, static_cast<const float*>(x) + i);
+  }
+}
+template <Format kX>
+HWY_INLINE float LoadXScalar(const void* x, size_t i) {
+  if constexpr (kX == Format::kF16) {
+    uint16_t bits;
+    std::memcpy(&bits, static_cast<const std::byte*>(x) + 2 * i, sizeof(bits));
+    return F16ToF32(bits);
+  } else {
+    return static_cast<const float*>(x)[i];
+  }
+}
+
+// out[k] += a[k] . b[k] over [i, n) in vectors of d, k < 4; returns where it stopped.
+template <Format kX, class D>
+HWY_INLINE size_t Dot4Part(D d, const float* const* a, const void* const* b, size_t i, size_t n,
+                           float* HWY_RESTRICT out) {
   const size_t lanes = hn::Lanes(d);
   if (i + lanes > n) return i;
-  hn::Vec<D> acc[kRows];
-  for (int k = 0; k < kRows; ++k) acc[k] = hn::Zero(d);
+  auto s0 = hn::Zero(d), s1 = hn::Zero(d), s2 = hn::Zero(d), s3 = hn::Zero(d);
   for (; i + lanes <= n; i += lanes) {
-    const auto xv = hn::LoadU(d, x + i);
-    for (int k = 0; k < kRows; ++k)
-      acc[k] = hn::MulAdd(hn::LoadU(d, q + k * q_stride + i), xv, acc[k]);
+    s0 = hn::MulAdd(hn::LoadU(d, a[0] + i), LoadX<kX>(d, b[0], i), s0);
+    s1 = hn::MulAdd(hn::LoadU(d, a[1] + i), LoadX<kX>(d, b[1], i), s1);
+    s2 = hn::MulAdd(hn::LoadU(d, a[2] + i), LoadX<kX>(d, b[2], i), s2);
+    s3 = hn::MulAdd(hn::LoadU(d, a[3] + i), LoadX<kX>(d, b[3], i), s3);
   }
-  for (int k = 0; k < kRows; ++k) sums[k] += hn::GetLane(hn::SumOfLanes(d, acc[k]));
+  AddSumOfLanes4(d, s0, s1, s2, s3, out);
   return i;
 }
 
-// sums[k] = q_k . x (length n) for kRows rows sharing one x.
-template <int kRows>
-HWY_INLINE void Dots(const float* q, size_t q_stride, const float* x, size_t n, float* sums) {
-  for (int k = 0; k < kRows; ++k) sums[k] = 0.0f;
-  size_t i = DotPart<kRows>(DF(), q, q_stride, x, 0, n, sums);
-  i = DotPart<kRows>(D4(), q, q_stride, x, i, n, sums);
-  DotPart<kRows>(D1(), q, q_stride, x, i, n, sums);
+// out[k] = a[k] . b[k] (n floats) for k < 4: four rows against one key, or one row against
+// four keys.
+template <Format kX>
+HWY_INLINE void Dot4(const float* const* a, const void* const* b, size_t n,
+                     float* HWY_RESTRICT out) {
+  for (int k = 0; k < 4; ++k) out[k] = 0.0f;
+  size_t i = Dot4Part<kX>(DF(), a, b, 0, n, out);
+  i = Dot4Part<kX>(D4(), a, b, i, n, out);
+  for (; i < n; ++i) {
+    for (int k = 0; k < 4; ++k) out[k] += a[k][i] * LoadXScalar<kX>(b[k], i);
+  }
 }
 
-// out[r] = q_r . x + (bias ? bias[r] : 0) for num_rows rows q_r = q + r * q_stride.
-void RowDots(const float* q, size_t q_stride, const float* bias, int num_rows, const float* x,
-             size_t n, float* out, size_t out_stride) {
+// out[r * out_stride] = q_r . x for num_rows rows q_r = q + r * n (n floats): the projection of
+// queries onto basis rows and their bias.
+void RowDots(const float* q, int num_rows, const float* x, size_t n, float* out,
+             size_t out_stride) {
+  const float* a[4];
+  const void* b[4] = {x, x, x, x};
   float sums[4];
-  int r = 0;
-  for (; r + 4 <= num_rows; r += 4) {
-    Dots<4>(q + r * q_stride, q_stride, x, n, sums);
-    for (int k = 0; k < 4; ++k) out[(r + k) * out_stride] = sums[k] + (bias ? bias[r + k] : 0.0f);
-  }
-  for (; r < num_rows; ++r) {
-    Dots<1>(q + r * q_stride, q_stride, x, n, sums);
-    out[r * out_stride] = sums[0] + (bias ? bias[r] : 0.0f);
+  for (int r = 0; r < num_rows; r += 4) {
+    for (int k = 0; k < 4; ++k) a[k] = q + std::min(r + k, num_rows - 1) * n;
+    Dot4<Format::kF32>(a, b, n, sums);
+    for (int k = 0; k < 4 && r + k < num_rows; ++k) out[(r + k) * out_stride] = sums[k];
   }
 }
 
@@ -219,28 +286,38 @@ bool PartCoords(const Context& ctx, PartKind kind) {
 // ---------------------------------------------------------------------------------------------
 // Reading one tile.
 
-// Converts the coordinates of num_tokens consecutive units to F32: out [num_tokens][rank].
-void LoadCoordinates(const CoordinateCodec& codec, const std::byte* units, size_t unit_bytes,
-                     int num_tokens, float* HWY_RESTRICT out) {
-  const size_t rank = static_cast<size_t>(codec.rank());
+// Dequantises the 4-bit coordinates of num_tokens consecutive units to F32:
+// out [num_tokens][rank]. The unit is the codec's own: [f16 scale][f16 min][codes, low nibble
+// first].
+void DequantizeCoordinates(int rank, const std::byte* units, size_t unit_bytes, int num_tokens,
+                           float* HWY_RESTRICT out) {
   for (int t = 0; t < num_tokens; ++t) {
     const std::byte* unit = units + t * unit_bytes;
-    float* dst = out + t * rank;
-    if (!codec.int4_coordinates()) {
-      const auto* src = reinterpret_cast<const hwy::float16_t*>(unit);
-      ForVectors(rank, [&](auto d, size_t i) {
-        const hn::Rebind<hwy::float16_t, decltype(d)> d16;
-        hn::StoreU(hn::PromoteTo(d, hn::LoadU(d16, src + i)), d, dst + i);
-      });
-      continue;
-    }
-    // [f16 scale][f16 min][codes, low nibble first]: the codec's own byte format.
+    float* dst = out + static_cast<size_t>(t) * rank;
     uint16_t bits[2];
     std::memcpy(bits, unit, sizeof(bits));
     const float scale = F16ToF32(bits[0]);
     const float min = F16ToF32(bits[1]);
     const auto* codes = reinterpret_cast<const uint8_t*>(unit + 4);
-    for (size_t j = 0; j + 1 < rank; j += 2) {
+    int j = 0;
+#if HWY_TARGET != HWY_SCALAR
+    // 2 * lanes codes from lanes bytes: low and high nibbles interleaved back into code order.
+    const DF df;
+    const hn::Rebind<uint8_t, DF> d8;
+    const hn::Rebind<int32_t, DF> di;
+    const int lanes = static_cast<int>(hn::Lanes(df));
+    const auto vscale = hn::Set(df, scale), vmin = hn::Set(df, min);
+    for (; j + 2 * lanes <= rank; j += 2 * lanes) {
+      const auto bytes = hn::LoadU(d8, codes + j / 2);
+      const auto lo = hn::And(bytes, hn::Set(d8, 15)), hi = hn::ShiftRight<4>(bytes);
+      const auto first = hn::InterleaveLower(d8, lo, hi), second = hn::InterleaveUpper(d8, lo, hi);
+      hn::StoreU(hn::MulAdd(hn::ConvertTo(df, hn::PromoteTo(di, first)), vscale, vmin), df,
+                 dst + j);
+      hn::StoreU(hn::MulAdd(hn::ConvertTo(df, hn::PromoteTo(di, second)), vscale, vmin), df,
+                 dst + j + lanes);
+    }
+#endif
+    for (; j + 1 < rank; j += 2) {
       const unsigned byte = codes[j / 2];
       dst[j] = static_cast<float>(byte & 15u) * scale + min;
       dst[j + 1] = static_cast<float>(byte >> 4) * scale + min;
@@ -251,17 +328,18 @@ void LoadCoordinates(const CoordinateCodec& codec, const std::byte* units, size_
 
 // Online softmax over one tile of num_tokens keys starting at logical first_key, for every
 // row: masks the keys past the row's limit, rescales the row's state to the new running max
-// and turns the scores s [num_rows][kTile] into weights in place. live[r]: whether the row
-// attends any key of the tile (the rest of its scores are then meaningless).
+// and turns the scores s [num_rows][kTile] into weights in place (0 for masked keys).
 void SoftmaxTile(const Rows& rows, int first_key, int num_tokens, float* HWY_RESTRICT s,
-                 const State& state, int* live) {
+                 const State& state) {
   const DF df;
   const size_t lanes = hn::Lanes(df);
   for (int r = 0; r < rows.num_rows; ++r) {
     float* sr = s + static_cast<size_t>(r) * kTile;
-    const int n = std::min(num_tokens, rows.limit[r] - first_key + 1);
-    live[r] = n > 0;
-    if (n <= 0) continue;
+    const int n = std::max(0, std::min(num_tokens, rows.limit[r] - first_key + 1));
+    if (n == 0) {  // the row attends no key of this tile
+      std::fill(sr, sr + num_tokens, 0.0f);
+      continue;
+    }
     const size_t padded = (static_cast<size_t>(n) + lanes - 1) / lanes * lanes;
     for (size_t t = n; t < padded; ++t) sr[t] = kNegInf;
     auto vmax = hn::Set(df, kNegInf);
@@ -289,33 +367,113 @@ void SoftmaxTile(const Rows& rows, int first_key, int num_tokens, float* HWY_RES
   }
 }
 
-// acc[r] += sum_t p[r][t] * x_t for the live rows; x_t = x + t * x_stride, dim floats.
-void AccumulateTile(const Rows& rows, const float* HWY_RESTRICT p, const int* live,
-                    const float* const* x, int num_tokens, const State& state) {
-  for (int r = 0; r < rows.num_rows; ++r) {
-    if (!live[r]) continue;
-    const float* pr = p + static_cast<size_t>(r) * kTile;
-    float* acc = state.acc + static_cast<size_t>(r) * state.dim;
-    ForVectors(state.dim, [&](auto d, size_t i) {
-      auto a = hn::LoadU(d, acc + i);
-      for (int t = 0; t < num_tokens; ++t)
-        a = hn::MulAdd(hn::Set(d, pr[t]), hn::LoadU(d, x[t] + i), a);
-      hn::StoreU(a, d, acc + i);
-    });
+// acc_k[i, i + kVecs * lanes) += sum_t p_k[t] * x_t[...] for kRows rows k, the accumulators
+// held in registers over the tile's tokens and each x_t vector loaded once for all rows.
+template <int kRows, int kVecs, Format kX, class D>
+HWY_INLINE void AccumulateBlock(D d, const float* const* p, const void* const* x, int num_tokens,
+                                size_t i, float* const* acc) {
+  const size_t lanes = hn::Lanes(d);
+  hn::Vec<D> a[kRows][kVecs];
+  for (int k = 0; k < kRows; ++k) {
+    for (int v = 0; v < kVecs; ++v) a[k][v] = hn::LoadU(d, acc[k] + i + v * lanes);
+  }
+  for (int t = 0; t < num_tokens; ++t) {
+    hn::Vec<D> xv[kVecs];
+    for (int v = 0; v < kVecs; ++v) xv[v] = LoadX<kX>(d, x[t], i + v * lanes);
+    for (int k = 0; k < kRows; ++k) {
+      const auto pk = hn::Set(d, p[k][t]);
+      for (int v = 0; v < kVecs; ++v) a[k][v] = hn::MulAdd(pk, xv[v], a[k][v]);
+    }
+  }
+  for (int k = 0; k < kRows; ++k) {
+    for (int v = 0; v < kVecs; ++v) hn::StoreU(a[k][v], d, acc[k] + i + v * lanes);
   }
 }
 
-// Scores s [num_rows][kTile] of one tile's keys, x_t pointing at each key as read (dim floats):
-// coordinates against the projected queries plus the mean's bias, or full keys against qd.
-void ScoreTile(const Rows& rows, bool coords, int dim, const float* const* x, int num_tokens,
-               int head_dim, float* HWY_RESTRICT s) {
-  for (int t = 0; t < num_tokens; ++t) {
-    if (coords) {
-      RowDots(rows.qc, dim, rows.bias, rows.num_rows, x[t], dim, s + t, kTile);
+// The rows [r, r + kRows) of AccumulateTile, over all dim floats.
+template <int kRows, Format kX>
+HWY_INLINE void AccumulateRows(const float* const* p, const void* const* x, int num_tokens,
+                               size_t dim, float* const* acc) {
+  const DF df;
+  const size_t lanes = hn::Lanes(df);
+  size_t i = 0;
+  for (; i + 2 * lanes <= dim; i += 2 * lanes)
+    AccumulateBlock<kRows, 2, kX>(df, p, x, num_tokens, i, acc);
+  for (; i + lanes <= dim; i += lanes) AccumulateBlock<kRows, 1, kX>(df, p, x, num_tokens, i, acc);
+  const D4 d4;
+  for (; i + hn::Lanes(d4) <= dim; i += hn::Lanes(d4)) {
+    AccumulateBlock<kRows, 1, kX>(d4, p, x, num_tokens, i, acc);
+  }
+  for (; i < dim; ++i) AccumulateBlock<kRows, 1, kX>(D1(), p, x, num_tokens, i, acc);
+}
+
+// acc[r] += sum_t p[r][t] * x_t for every row (dim floats): four rows at a time.
+template <Format kX>
+void AccumulateTileAs(const Rows& rows, const float* HWY_RESTRICT p, const void* const* x,
+                      int num_tokens, const State& state) {
+  const float* pr[4];
+  float* acc[4];
+  for (int r = 0; r < rows.num_rows; r += 4) {
+    const int num = std::min(4, rows.num_rows - r);
+    for (int k = 0; k < num; ++k) {
+      pr[k] = p + static_cast<size_t>(r + k) * kTile;
+      acc[k] = state.acc + static_cast<size_t>(r + k) * state.dim;
+    }
+    if (num == 4) {
+      AccumulateRows<4, kX>(pr, x, num_tokens, state.dim, acc);
+    } else if (num == 3) {
+      AccumulateRows<3, kX>(pr, x, num_tokens, state.dim, acc);
+    } else if (num == 2) {
+      AccumulateRows<2, kX>(pr, x, num_tokens, state.dim, acc);
     } else {
-      RowDots(rows.qd, head_dim, nullptr, rows.num_rows, x[t], head_dim, s + t, kTile);
+      AccumulateRows<1, kX>(pr, x, num_tokens, state.dim, acc);
     }
   }
+}
+void AccumulateTile(const Rows& rows, const float* HWY_RESTRICT p, const void* const* x,
+                    Format format, int num_tokens, const State& state) {
+  if (format == Format::kF16) return AccumulateTileAs<Format::kF16>(rows, p, x, num_tokens, state);
+  AccumulateTileAs<Format::kF32>(rows, p, x, num_tokens, state);
+}
+
+// Scores s [num_rows][kTile] of one tile's keys, x_t pointing at each key as read: coordinates
+// against the projected queries plus the mean's bias, or full keys against qd. Four rows
+// against one key, and leftover rows against four keys at a time.
+template <Format kX>
+void ScoreTileAs(const Rows& rows, bool coords, int dim, const void* const* x, int num_tokens,
+                 int head_dim, float* HWY_RESTRICT s) {
+  const float* q = coords ? rows.qc : rows.qd;
+  const size_t n = coords ? dim : head_dim;
+  const float* bias = coords ? rows.bias : nullptr;
+  const float* a[4];
+  const void* b[4];
+  float out[4];
+  int r = 0;
+  for (; r + 4 <= rows.num_rows; r += 4) {
+    for (int k = 0; k < 4; ++k) a[k] = q + (r + k) * n;
+    for (int t = 0; t < num_tokens; ++t) {
+      b[0] = b[1] = b[2] = b[3] = x[t];
+      Dot4<kX>(a, b, n, out);
+      for (int k = 0; k < 4; ++k) s[(r + k) * kTile + t] = out[k] + (bias ? bias[r + k] : 0.0f);
+    }
+  }
+  for (; r < rows.num_rows; ++r) {
+    a[0] = a[1] = a[2] = a[3] = q + r * n;
+    for (int t = 0; t < num_tokens; t += 4) {
+      for (int k = 0; k < 4; ++k) b[k] = x[std::min(t + k, num_tokens - 1)];
+      Dot4<kX>(a, b, n, out);
+      for (int k = 0; k < 4 && t + k < num_tokens; ++k) {
+        s[r * kTile + t + k] = out[k] + (bias ? bias[r] : 0.0f);
+      }
+    }
+  }
+}
+void ScoreTile(const Rows& rows, bool coords, int dim, const void* const* x, Format format,
+               int num_tokens, int head_dim, float* HWY_RESTRICT s) {
+  if (format == Format::kF16) {
+    return ScoreTileAs<Format::kF16>(rows, coords, dim, x, num_tokens, head_dim, s);
+  }
+  ScoreTileAs<Format::kF32>(rows, coords, dim, x, num_tokens, head_dim, s);
 }
 
 // Scans the keys [begin, end) of one part for the rows into `state` (initialised here).
@@ -332,9 +490,8 @@ void ScanPart(const Context& ctx, int kv_head, const Rows& rows, const Part& par
   float* s = Scratch(kSlotScores, static_cast<size_t>(rows.num_rows) * kTile);
   float* keys = Scratch(kSlotKeys, static_cast<size_t>(kTile) * std::max(head_dim, ctx.k.dim));
   float* values = Scratch(kSlotValues, static_cast<size_t>(kTile) * std::max(head_dim, ctx.v.dim));
-  const float* k_rows[kTile];
-  const float* v_rows[kTile];
-  int* live = ScratchInts(kIntLive, rows.num_rows);
+  const void* k_rows[kTile];
+  const void* v_rows[kTile];
 
   if (part.kind != PartKind::kArena) {
     const KvF32Segment& seg = part.kind == PartKind::kSinks ? view.sinks : view.pending;
@@ -344,40 +501,88 @@ void ScanPart(const Context& ctx, int kv_head, const Rows& rows, const Part& par
         k_rows[t] = seg.KRow(t0 + t, kv_head, head_dim);
         v_rows[t] = seg.VRow(t0 + t, kv_head, head_dim);
       }
-      ScoreTile(rows, false, head_dim, k_rows, n, head_dim, s);
-      SoftmaxTile(rows, t0, n, s, state, live);
-      AccumulateTile(rows, s, live, v_rows, n, state);
+      ScoreTile(rows, false, head_dim, k_rows, Format::kF32, n, head_dim, s);
+      SoftmaxTile(rows, t0, n, s, state);
+      AccumulateTile(rows, s, v_rows, Format::kF32, n, state);
     }
     return;
   }
 
   const int codec_head = view.first_kv_head + kv_head;
-  // Reads the units of one side for tokens at consecutive rows: coordinates or decoded rows.
-  auto read_side = [&](const Side& side, const std::byte* units, int n, float* buffer,
-                       const float** ptrs) {
-    const size_t unit_bytes = side.arena->unit_bytes;
-    if (side.coords != nullptr) {
-      LoadCoordinates(*side.coords, units, unit_bytes, n, buffer);
-    } else {
-      side.arena->codec_impl->DecodeHead(codec_head, {units, n * unit_bytes},
-                                         {buffer, static_cast<size_t>(n) * head_dim});
-    }
-    for (int t = 0; t < n; ++t) ptrs[t] = buffer + static_cast<size_t>(t) * side.dim;
+  // Pieces: runs of consecutive rows of one block, cut where a tile of kTile keys (counted from
+  // part.begin) ends. A tile gathers the pieces of its kTile keys, across blocks, so that its
+  // softmax step is shared by as many keys as fit; and listing them first lets the units
+  // kPrefetchTokens ahead be requested: blocks of a paged cache are KiBs apart, which stops the
+  // hardware prefetchers at every block.
+  struct Piece {
+    int logical, count;
+    int32_t block_id;
+    int row;
   };
+  thread_local std::vector<Piece> pieces;
+  pieces.clear();
   view.ForEachRun(part.begin, end, [&](int logical, int count, int32_t block_id, int row) {
-    for (int t0 = 0; t0 < count; t0 += kTile) {
-      const int n = std::min(kTile, count - t0);
-      read_side(ctx.k, view.k.Unit(block_id, row + t0, kv_head), n, keys, k_rows);
-      ScoreTile(rows, ctx.k.coords != nullptr, ctx.k.dim, k_rows, n, head_dim, s);
-      SoftmaxTile(rows, logical + t0, n, s, state, live);
-      if (ctx.shared_coords) {
-        AccumulateTile(rows, s, live, k_rows, n, state);
-      } else {
-        read_side(ctx.v, view.v.Unit(block_id, row + t0, kv_head), n, values, v_rows);
-        AccumulateTile(rows, s, live, v_rows, n, state);
-      }
+    for (int t = 0; t < count;) {
+      const int tile_end = part.begin + ((logical + t - part.begin) / kTile + 1) * kTile;
+      const int n = std::min(count - t, tile_end - (logical + t));
+      pieces.push_back({logical + t, n, block_id, row + t});
+      t += n;
     }
   });
+  auto prefetch = [&](const Piece& piece) {
+    for (const KvArenaView* arena : {&view.k, &view.v}) {
+      if (arena == &view.v && ctx.shared_coords) break;
+      const std::byte* units = arena->Unit(piece.block_id, piece.row, kv_head);
+      const size_t bytes = piece.count * arena->unit_bytes;
+      for (size_t offset = 0; offset < bytes; offset += kCacheLine) hwy::Prefetch(units + offset);
+    }
+  };
+  // Points ptrs at one side of a tile's pieces [first, last) and says how to read them: F16
+  // coordinates in place, 4-bit coordinates dequantised and other codecs decoded into buffer.
+  auto read_side = [&](const Side& side, const KvArenaView& arena, size_t first, size_t last,
+                       float* buffer, const void** ptrs) {
+    const bool in_place = side.coords != nullptr && !side.coords->int4_coordinates();
+    int t = 0;
+    for (size_t i = first; i < last; ++i) {
+      const Piece& piece = pieces[i];
+      const std::byte* units = arena.Unit(piece.block_id, piece.row, kv_head);
+      float* dst = buffer + static_cast<size_t>(t) * side.dim;
+      for (int k = 0; k < piece.count; ++k) {
+        ptrs[t + k] = in_place ? static_cast<const void*>(units + k * arena.unit_bytes)
+                               : static_cast<const void*>(dst + static_cast<size_t>(k) * side.dim);
+      }
+      if (side.coords != nullptr && !in_place) {
+        DequantizeCoordinates(side.dim, units, arena.unit_bytes, piece.count, dst);
+      } else if (side.coords == nullptr) {
+        arena.codec_impl->DecodeHead(codec_head, {units, piece.count * arena.unit_bytes},
+                                     {dst, static_cast<size_t>(piece.count) * head_dim});
+      }
+      t += piece.count;
+    }
+    return in_place ? Format::kF16 : Format::kF32;
+  };
+  size_t next = 0;  // the first piece not yet requested
+  for (size_t first = 0; first < pieces.size();) {
+    const int tile_begin = pieces[first].logical;
+    size_t last = first;
+    int n = 0;
+    while (last < pieces.size() && pieces[last].logical < tile_begin + kTile)
+      n += pieces[last++].count;
+    for (; next < pieces.size() && pieces[next].logical < tile_begin + n + kPrefetchTokens;
+         ++next) {
+      prefetch(pieces[next]);
+    }
+    const Format k_format = read_side(ctx.k, view.k, first, last, keys, k_rows);
+    ScoreTile(rows, ctx.k.coords != nullptr, ctx.k.dim, k_rows, k_format, n, head_dim, s);
+    SoftmaxTile(rows, tile_begin, n, s, state);
+    if (ctx.shared_coords) {
+      AccumulateTile(rows, s, k_rows, k_format, n, state);
+    } else {
+      const Format v_format = read_side(ctx.v, view.v, first, last, values, v_rows);
+      AccumulateTile(rows, s, v_rows, v_format, n, state);
+    }
+    first = last;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -404,10 +609,10 @@ void PrepareRows(const Context& ctx, int kv_head, const float* q, int num_querie
   const std::span<const float> mean = ctx.k.coords->mean(codec_head);
   const std::span<const float> basis = ctx.k.coords->basis(codec_head);
   const int rank = ctx.k.dim;
-  RowDots(out.qd, head_dim, nullptr, num_rows, mean.data(), head_dim, out.bias, 1);
+  RowDots(out.qd, num_rows, mean.data(), head_dim, out.bias, 1);
   for (int r = 0; r < num_rows; ++r) {
     // qc[r][j] = b_j . qd[r]: the basis rows against one query.
-    RowDots(basis.data(), head_dim, nullptr, rank, out.qd + r * head_dim, head_dim,
+    RowDots(basis.data(), rank, out.qd + r * head_dim, head_dim,
             out.qc + static_cast<size_t>(r) * rank, 1);
   }
 }
@@ -497,21 +702,26 @@ void Decode(const Context& ctx, const float* q, const AttentionParams& params, f
     parts.push_back({PartKind::kPending, arena_end, view.num_tokens});
   const int num_parts = static_cast<int>(parts.size());
 
-  // Per kv head: its rows, then one state per part. Pointers into the calling thread's
-  // scratch are taken here: the tasks run on other threads, with other thread_locals.
+  // Per kv head: its rows, then one state per part, each on its own cache lines (tasks on
+  // different threads write them: the rows once, the states every tile). Pointers into the
+  // calling thread's scratch are taken here: the tasks run on other threads, with other
+  // thread_locals.
+  constexpr size_t kLineFloats = kCacheLine / sizeof(float);
+  auto round_up = [&](size_t n) { return (n + kLineFloats - 1) / kLineFloats * kLineFloats; };
   const int k_rank = ctx.k.coords != nullptr ? ctx.k.dim : 0;
-  const size_t rows_floats = RowFloats(group, ctx.head_dim, k_rank);
+  const size_t rows_floats = round_up(RowFloats(group, ctx.head_dim, k_rank));
   size_t states_floats = 0;
   std::vector<size_t> state_offset(num_parts);
   for (int p = 0; p < num_parts; ++p) {
     state_offset[p] = states_floats;
-    states_floats += StateFloats(group, PartDim(ctx, parts[p].kind));
+    states_floats += round_up(StateFloats(group, PartDim(ctx, parts[p].kind)));
   }
   thread_local std::vector<float> call_floats;
   thread_local std::vector<int> call_ints;
-  call_floats.resize(num_kv_heads * (rows_floats + states_floats));
+  call_floats.resize(num_kv_heads * (rows_floats + states_floats) + kLineFloats);
   call_ints.resize(static_cast<size_t>(num_kv_heads) * group);
-  float* const floats = call_floats.data();
+  float* const floats = reinterpret_cast<float*>(
+      (reinterpret_cast<uintptr_t>(call_floats.data()) + kCacheLine - 1) / kCacheLine * kCacheLine);
   int* const ints = call_ints.data();
   auto buffers_of = [&](int kv_head) {
     return CarveRows(floats + kv_head * rows_floats, ints + kv_head * group, group, ctx.head_dim,
@@ -566,7 +776,7 @@ void Prefill(const Context& ctx, const float* q, int num_queries, const Attentio
     const int num_rows = (q1 - q0) * group;
     const RowBuffers buffers =
         CarveRows(Scratch(kSlotRows, RowFloats(num_rows, ctx.head_dim, k_rank)),
-                  ScratchInts(kIntLimits, num_rows), num_rows, ctx.head_dim, k_rank);
+                  ScratchInts(num_rows), num_rows, ctx.head_dim, k_rank);
     PrepareRows(ctx, kv_head, q, num_queries, q0, q1, params, buffers);
     const Rows rows = AsRows(buffers, num_rows, k_rank);
     size_t floats = 0;

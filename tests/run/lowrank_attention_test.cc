@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "hwy/targets.h"
 #include "kvstack/kv_cache.h"
 #include "kvstack/kv_profile.h"
 
@@ -258,6 +259,44 @@ TEST(LowRankAttentionSplit, ManyChunksMatchTheReference) {
   ThreadPool pool(4);
   LowRankAttention(built.view, q.data(), 1, params, got.data(), &pool);
   EXPECT_LT(MaxDiff(got, expected), kTolerance);
+}
+
+// Every SIMD target this build has (scalar, SSE4, AVX2, AVX-512 where the machine runs them):
+// vector widths from 1 to 16 lanes against ranks that fill them exactly (16, and 32 4-bit
+// codes) or leave tails (13, 30).
+TEST(LowRankAttentionTargets, EveryTargetMatchesTheReference) {
+  std::vector<Case> cases;
+  for (auto [k, v] :
+       std::vector<std::pair<std::string, std::string>>{{"lowrank-r16", "lowrank-r13"},
+                                                        {"latent-r32-int4", "latent-r32-int4"},
+                                                        {"latent-r30-int4", "latent-r30-int4"},
+                                                        {"lowrank-r13-int4", "f16"}}) {
+    for (int num_queries : {1, 5}) {
+      Case c;
+      c.k_codec = k;
+      c.v_codec = v;
+      c.layout = LayoutKind::kPaged;
+      c.num_queries = num_queries;
+      c.group = 3;  // four rows and leftover rows
+      c.sinks = 2;
+      cases.push_back(c);
+    }
+  }
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    for (const Case& c : cases) {
+      SCOPED_TRACE(c.Name());
+      const Built built = Build(c);
+      const AttentionParams params{.num_heads = kNumKvHeads * c.group, .scale = 0.3f};
+      const std::vector<float> q = Queries(c.num_queries, params.num_heads, 23);
+      std::vector<float> expected(q.size()), got(q.size());
+      AttentionReference(built.view, q.data(), c.num_queries, params, expected.data());
+      LowRankAttention(built.view, q.data(), c.num_queries, params, got.data(), nullptr);
+      EXPECT_LT(MaxDiff(got, expected), kTolerance);
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);  // back to the machine's own
 }
 
 TEST(LowRankFormApplies, OnlyLowRankViewsWithoutScores) {
