@@ -1,7 +1,14 @@
 // The symmetric one-scale-per-token codecs: int8 and the two fp8 formats. A unit is one
 // token: [f16 scale][head_dim x 8-bit code], scale = finite absmax / FMAX rounded to F16,
 // code = Q(x / scale) (int8: round to nearest even and clamp to +-127; fp8: RNE, saturating).
-// The three differ only in FMAX and the 8-bit element conversion, so one template serves.
+// The three differ only in FMAX, the 8-bit element conversion and the smallest scale, so one
+// template serves. The token's absmax lands on the element's largest code, so the largest
+// element (much of a short row's energy) is stored exactly. fp8 scales stay F16 normals
+// (>= 2^-14): E5M2's FMAX of 57344 would otherwise make the scale of any token with absmax
+// below 3.5 a subnormal, and flush it to 0 (every element lost) below absmax 0.0017. So the
+// target is halved (FMAX / 2^k, still an exact code) until the scale is normal; a floating
+// element keeps its relative precision at the smaller magnitudes. int8 codes would lose
+// levels, so int8 keeps the plain absmax / 127 (its scale is subnormal only below 0.008).
 #include <array>
 #include <cstdint>
 
@@ -14,6 +21,7 @@ namespace {
 
 struct Int8Element {
   static constexpr float kMax = 127.0f;
+  static constexpr float kMinScale = 0.0f;
   // NaN -> 0 (the code of 0.0), +-Inf -> +-127 via the clamp.
   static uint8_t Encode(float x) {
     if (std::isnan(x)) return 0;
@@ -26,6 +34,7 @@ struct Int8Element {
 template <uint8_t (*kEncode)(float), float (*kDecode)(uint8_t), const float& kFmax>
 struct Fp8Element {
   static constexpr float kMax = kFmax;
+  static constexpr float kMinScale = 0x1p-14f;  // F16's smallest normal
   static uint8_t Encode(float x) { return kEncode(x); }
   static float Decode(uint8_t code) { return kDecode(code); }
 };
@@ -46,8 +55,10 @@ class ScaledCodec final : public QuantCodec {
  private:
   void EncodeUnit(const float* src, std::byte* dst) const override {
     const int head_dim = format().head_dim;
-    const quant::F16Value scale =
-        quant::RoundToF16(quant::FiniteAbsMax(src, head_dim) / Element::kMax);
+    const float absmax = quant::FiniteAbsMax(src, head_dim);
+    float target = Element::kMax;
+    while (target > 1.0f && absmax / target < Element::kMinScale) target *= 0.5f;
+    const quant::F16Value scale = quant::RoundToF16(absmax / target);
     quant::StoreF16(dst, scale.bits);
     std::byte* codes = dst + 2;
     for (int c = 0; c < head_dim; ++c) {

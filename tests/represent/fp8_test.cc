@@ -7,6 +7,9 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
+
+#include "kvstack/codec.h"
 
 namespace kvstack {
 namespace {
@@ -111,6 +114,31 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Fp8Case{"E4M3", 4, 3, false, 448.0f, &Fp8E4M3ToF32, &F32ToFp8E4M3},
                       Fp8Case{"E5M2", 5, 2, true, 57344.0f, &Fp8E5M2ToF32, &F32ToFp8E5M2}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// The fp8 codecs' F16 scale: E5M2's FMAX is 57344, so absmax / FMAX is an F16 subnormal for
+// any token with absmax below 3.5 and 0 below about 0.0017. The scale is floored at F16's
+// smallest normal instead, and small tokens keep the elements' own relative precision.
+TEST(Fp8CodecScaleTest, SmallTokensKeepTheirRelativePrecision) {
+  for (const char* name : {"fp8_e5m2", "fp8_e4m3"}) {
+    auto codec = CreateCodec(name, 8);
+    ASSERT_TRUE(codec.ok()) << codec.status();
+    // Half a step of the element's mantissa: 2 bits (E5M2) or 3 bits (E4M3).
+    const float tolerance = std::string(name) == "fp8_e5m2" ? 0.125f : 0.0625f;
+    for (float absmax : {3.0f, 0.1f, 1e-3f, 1e-4f}) {
+      const std::vector<float> row = {absmax,         -0.5f * absmax, 0.25f * absmax,
+                                      -0.7f * absmax, 0.9f * absmax,  -0.3f * absmax,
+                                      0.6f * absmax,  -0.8f * absmax};
+      std::vector<std::byte> unit((*codec)->unit_bytes());
+      std::vector<float> back(row.size());
+      (*codec)->Encode(row, unit);
+      (*codec)->Decode(unit, back);
+      for (size_t i = 0; i < row.size(); ++i) {
+        EXPECT_NEAR(back[i], row[i], tolerance * std::fabs(row[i]))
+            << name << " absmax " << absmax << " element " << i;
+      }
+    }
+  }
+}
 
 }  // namespace
 }  // namespace kvstack
