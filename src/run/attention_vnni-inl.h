@@ -560,7 +560,9 @@ KVS_VNNI_ATTR HWY_INLINE __m512i PairCodes(__m512i x0, __m512i x1, __m512i index
 //   key pair
 // Everything the loop touches is a local with constant indices once unrolled, so that the 16
 // accumulators stay in registers.
-template <int kBits, int kNumQ, int kBlocks>
+// kPairedBlocks: blocks m0 + 2 i and m0 + 2 i + 1 share a group (groups of 32 elements or
+// more), so one broadcast weight serves both.
+template <int kBits, int kNumQ, int kBlocks, bool kPairedBlocks>
 KVS_VNNI_ATTR HWY_INLINE void AccumulatePairs(const VnniPlan& plan, const RowSet& values,
                                               size_t num_pairs, const int32_t* const* weights,
                                               int m0, __m512i* out) {
@@ -591,18 +593,37 @@ KVS_VNNI_ATTR HWY_INLINE void AccumulatePairs(const VnniPlan& plan, const RowSet
   for (size_t u = 0; u < num_pairs; ++u) {
     const __m512i x0 = _mm512_maskz_loadu_epi8(mask, values.rows[2 * u] + offset);
     const __m512i x1 = _mm512_maskz_loadu_epi8(mask, values.rows[2 * u + 1] + offset);
+    __m512i codes[kBlocks];
 #pragma GCC unroll 16
-    for (int b = 0; b < kBlocks; ++b) {
-      const __m512i codes = PairCodes<kBits>(x0, x1, index[b], shift);
+    for (int b = 0; b < kBlocks; ++b) codes[b] = PairCodes<kBits>(x0, x1, index[b], shift);
+    constexpr int kShare = kPairedBlocks ? 2 : 1;
+#pragma GCC unroll 16
+    for (int b0 = 0; b0 < kBlocks; b0 += kShare) {
 #pragma GCC unroll 16
       for (int j = 0; j < kNumQ; ++j) {
-        acc[j * kBlocks + b] = _mm512_dpwssd_epi32(acc[j * kBlocks + b], codes,
-                                                   _mm512_set1_epi32(w[j * kBlocks + b][u]));
+        const __m512i weight = _mm512_set1_epi32(w[j * kBlocks + b0][u]);
+#pragma GCC unroll 2
+        for (int b = b0; b < b0 + kShare; ++b) {
+          acc[j * kBlocks + b] = _mm512_dpwssd_epi32(acc[j * kBlocks + b], codes[b], weight);
+        }
       }
     }
   }
 #pragma GCC unroll 16
   for (int i = 0; i < kNumQ * kBlocks; ++i) out[i] = acc[i];
+}
+
+template <int kBits, int kBlocks, bool kPaired>
+KVS_VNNI_ATTR HWY_INLINE void AccumulateHeads(const VnniPlan& plan, const RowSet& values,
+                                              size_t num_pairs, const int32_t* const* weights,
+                                              int m0, int num_q, __m512i* acc) {
+  if (num_q == 4) {
+    AccumulatePairs<kBits, 4, kBlocks, kPaired>(plan, values, num_pairs, weights, m0, acc);
+  } else if (num_q == 2) {
+    AccumulatePairs<kBits, 2, kBlocks, kPaired>(plan, values, num_pairs, weights, m0, acc);
+  } else {
+    AccumulatePairs<kBits, 1, kBlocks, kPaired>(plan, values, num_pairs, weights, m0, acc);
+  }
 }
 
 // Weighted sum of a tile's values (rows padded to a multiple of 16) into the running states of
@@ -679,8 +700,9 @@ KVS_VNNI_ATTR void VnniAccumulateTileBits(const VnniPlan& plan, const RowSet& va
   // (No lambda or generic dispatch: they would not carry this function's target attribute.)
   const int num_blocks = static_cast<int>(plan.head_dim / 16);
   const int step = num_blocks % 4 == 0 ? 4 : 2;
-  for (int j = 0; j < group; j += 4) {
-    const int num_q = std::min(4, group - j);
+  // Heads in steps of 4, 2 and 1 (three would cost another set of instantiations).
+  for (int j = 0, num_q = 0; j < group; j += num_q) {
+    num_q = group - j >= 4 ? 4 : group - j >= 2 ? 2 : 1;
     for (int m0 = 0; m0 < num_blocks; m0 += step) {
       const int32_t* w[16];  // [jj * step + b]
       for (int jj = 0; jj < num_q; ++jj) {
@@ -691,25 +713,18 @@ KVS_VNNI_ATTR void VnniAccumulateTileBits(const VnniPlan& plan, const RowSet& va
         }
       }
       __m512i acc[16];
+      const bool paired = plan.group_elems % 32 == 0;
       if (step == 4) {
-        if (num_q == 4) {
-          AccumulatePairs<kBits, 4, 4>(plan, values, num_pairs, w, m0, acc);
-        } else if (num_q == 3) {
-          AccumulatePairs<kBits, 3, 4>(plan, values, num_pairs, w, m0, acc);
-        } else if (num_q == 2) {
-          AccumulatePairs<kBits, 2, 4>(plan, values, num_pairs, w, m0, acc);
+        if (paired) {
+          AccumulateHeads<kBits, 4, true>(plan, values, num_pairs, w, m0, num_q, acc);
         } else {
-          AccumulatePairs<kBits, 1, 4>(plan, values, num_pairs, w, m0, acc);
+          AccumulateHeads<kBits, 4, false>(plan, values, num_pairs, w, m0, num_q, acc);
         }
       } else {
-        if (num_q == 4) {
-          AccumulatePairs<kBits, 4, 2>(plan, values, num_pairs, w, m0, acc);
-        } else if (num_q == 3) {
-          AccumulatePairs<kBits, 3, 2>(plan, values, num_pairs, w, m0, acc);
-        } else if (num_q == 2) {
-          AccumulatePairs<kBits, 2, 2>(plan, values, num_pairs, w, m0, acc);
+        if (paired) {
+          AccumulateHeads<kBits, 2, true>(plan, values, num_pairs, w, m0, num_q, acc);
         } else {
-          AccumulatePairs<kBits, 1, 2>(plan, values, num_pairs, w, m0, acc);
+          AccumulateHeads<kBits, 2, false>(plan, values, num_pairs, w, m0, num_q, acc);
         }
       }
       for (int jj = 0; jj < num_q; ++jj) {
