@@ -159,6 +159,15 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
   for (int layer_idx = 0; layer_idx < options.num_layers; ++layer_idx) {
     Impl::Layer& layer = layers[layer_idx];
     KVS_RETURN_IF_ERROR(CheckLatentPair(config.KCodecOf(layer_idx), config.VCodecOf(layer_idx)));
+    if (config.hadamard_keys && IsLowRankCodecName(config.KCodecOf(layer_idx))) {
+      // The rotation would put keys in another basis than the calibrated one, and gains
+      // nothing: a PCA basis turns with the keys.
+      return absl::InvalidArgumentError(
+          absl::StrCat("kv cache: hadamard_keys with key codec '", config.KCodecOf(layer_idx),
+                       "' (layer ", layer_idx,
+                       "): its basis was calibrated on unrotated keys; allowed: hadamard_keys with "
+                       "key codecs that need no profile"));
+    }
     KVS_ASSIGN_OR_RETURN(layer.k_codec,
                          make_codec(config.KCodecOf(layer_idx), layer_idx, CodecRole::kKey));
     KVS_ASSIGN_OR_RETURN(layer.v_codec,

@@ -18,6 +18,7 @@
 #include "hwy/targets.h"
 #include "kvstack/kv_cache.h"
 #include "kvstack/kv_profile.h"
+#include "represent/lowrank_codec.h"
 
 namespace kvstack {
 namespace {
@@ -117,7 +118,10 @@ Built Build(const Case& c) {
   config.capacity = c.layout == LayoutKind::kRing ? 96 : 256;
   config.sink_tokens = c.sinks;
   config.recent_tokens = c.recent;
-  config.hadamard_keys = c.hadamard;
+  // The cache refuses rotated keys for key codecs built from a profile (their basis is of
+  // unrotated keys); for those the view below is marked rotated by hand, which the kernel and
+  // the reference must then both honour by rotating the queries.
+  config.hadamard_keys = c.hadamard && !IsLowRankCodecName(c.k_codec);
   config.profile = ProfilePath();
   auto cache = KvCache::Create(options);
   KVS_CHECK(cache.ok());
@@ -141,6 +145,7 @@ Built Build(const Case& c) {
     done += n;
   }
   built.view = built.cache->View(built.seq, 0);
+  built.view.keys_rotated = c.hadamard;
   return built;
 }
 

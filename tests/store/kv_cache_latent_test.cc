@@ -1,7 +1,8 @@
 // The cache's side of the latent codec: a layer whose keys and values are latent-r<R> stores
 // one unit per token and head (the value arena is empty, and the value view reads the key
 // arena), encodes each token's key and value together, moves and re-encodes them together on
-// eviction, and refuses any other pairing of a latent codec with a one-line error.
+// eviction, and refuses any other pairing of a latent codec with a one-line error (and, like
+// every key codec built from a profile, Hadamard-rotated keys).
 #include <cmath>
 #include <random>
 #include <string>
@@ -193,6 +194,17 @@ TEST(KvCacheLatent, OtherPairingsAreRefused) {
   auto too_big = KvCache::Create(Options("latent-r17", "latent-r17"));
   ASSERT_FALSE(too_big.ok());
   EXPECT_THAT(std::string(too_big.status().message()), HasSubstr("above 2*head_dim 16"));
+  // Keys rotated by a Hadamard matrix would not be in the calibrated basis.
+  options = Options("latent-r4", "latent-r4");
+  options.config.hadamard_keys = true;
+  EXPECT_THAT(std::string(KvCache::Create(options).status().message()),
+              HasSubstr("calibrated on unrotated keys"));
+  options = Options("lowrank-r4", "f16");
+  options.config.hadamard_keys = true;
+  EXPECT_FALSE(KvCache::Create(options).ok());
+  options = Options("f16", "lowrank-r4");  // values are never rotated
+  options.config.hadamard_keys = true;
+  EXPECT_TRUE(KvCache::Create(options).ok());
   // Without a profile, or with another model's.
   options = Options("latent-r4", "latent-r4");
   options.config.profile.clear();
