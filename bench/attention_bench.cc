@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <random>
@@ -102,14 +103,29 @@ struct BenchCache {
 };
 
 // Seconds per decode step by (codec, tokens), the best of the repetitions, for the summary
-// table.
-std::map<std::pair<std::string, int>, double>& DecodeTimes() {
-  static std::map<std::pair<std::string, int>, double> times;
+// tables: wall time of the shape-B runs on kThreadsB threads, and CPU time of the one-thread
+// runs (which a loaded machine disturbs less: time spent waiting for memory still counts,
+// time other processes hold the core does not).
+using StepTimes = std::map<std::pair<std::string, int>, double>;
+StepTimes& DecodeTimes() {
+  static StepTimes times;
+  return times;
+}
+StepTimes& OneThreadTimes() {
+  static StepTimes times;
   return times;
 }
 
+double ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+enum class Record { kNone, kWall, kThreadCpu };
+
 void BM_Decode(benchmark::State& state, int num_kv_heads, int num_heads, int head_dim,
-               std::string codec, bool record) {
+               std::string codec, Record record) {
   const int num_tokens = static_cast<int>(state.range(0));
   const int num_threads = static_cast<int>(state.range(1));
   const BenchCache cache(num_tokens, num_kv_heads, head_dim, codec);
@@ -118,26 +134,25 @@ void BM_Decode(benchmark::State& state, int num_kv_heads, int num_heads, int hea
   const AttentionParams params{num_heads, 1.0f / std::sqrt(static_cast<float>(head_dim))};
   ThreadPool* pool = Pool(num_threads);
   const auto start = std::chrono::steady_clock::now();
+  const double cpu_start = ThreadCpuSeconds();
   for (auto _ : state) {
     Attention(cache.view, q.data(), 1, params, out.data(), pool);
     benchmark::DoNotOptimize(out.data());
   }
-  if (record) {  // the best repetition: other processes on the machine only ever slow a run
+  if (record != Record::kNone) {  // the best repetition: other processes only ever slow a run
     const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+        (record == Record::kWall
+             ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
+             : ThreadCpuSeconds() - cpu_start) /
         static_cast<double>(state.iterations());
-    double& best = DecodeTimes()[{codec, num_tokens}];
+    double& best =
+        (record == Record::kWall ? DecodeTimes() : OneThreadTimes())[{codec, num_tokens}];
     best = best == 0.0 ? seconds : std::min(best, seconds);
   }
   const double bytes = static_cast<double>(DecodeBytesRead(cache.view)) * state.iterations();
   state.SetBytesProcessed(static_cast<int64_t>(bytes));
   state.counters["bw_fraction"] =
       benchmark::Counter(bytes / Bandwidth()[num_threads], benchmark::Counter::kIsRate);
-  // Seconds per token and kv head for one thread (ComputeB: one thread, so the rate is per CPU
-  // second): what the readers cost in arithmetic when the cache sits in the caches.
-  state.counters["per_token_head"] = benchmark::Counter(
-      static_cast<double>(cache.view.num_tokens) * num_kv_heads / num_threads,
-      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
 // One row of the scores-cost table: fastest step without and with scores.
@@ -210,7 +225,7 @@ constexpr int kThreadsB = 2;
 void RegisterAll(bool long_contexts) {
   for (const char* codec : {"f16", "bf16", "f32"}) {
     auto* a = benchmark::RegisterBenchmark((std::string("DecodeA/") + codec).c_str(), BM_Decode, 8,
-                                           8, 64, std::string(codec), false);
+                                           8, 64, std::string(codec), Record::kNone);
     for (int tokens : {1024, 4096, 16384}) {
       for (int threads : {1, 2}) a->Args({tokens, threads});
     }
@@ -218,17 +233,18 @@ void RegisterAll(bool long_contexts) {
   }
   for (const char* codec : kCodecsB) {
     auto* b = benchmark::RegisterBenchmark((std::string("DecodeB/") + codec).c_str(), BM_Decode, 8,
-                                           32, 128, std::string(codec), true);
+                                           32, 128, std::string(codec), Record::kWall);
     for (int tokens : {1024, 4096, 16384}) b->Args({tokens, kThreadsB});
     if (long_contexts) {
       for (int tokens : {32768, 65536}) b->Args({tokens, kThreadsB});
     }
     b->UseRealTime()->Unit(benchmark::kMicrosecond);
-    // One thread over a cache that stays in the caches (4 MiB in bf16): what the readers cost
-    // in arithmetic, timed in CPU time so that a loaded machine disturbs it less.
-    benchmark::RegisterBenchmark((std::string("ComputeB/") + codec).c_str(), BM_Decode, 8, 32, 128,
-                                 std::string(codec), false)
+    // One thread, CPU time: at 1k tokens the cache (4 MiB in bf16) stays in the caches, so
+    // this is what the readers cost in arithmetic; at 32k it comes from memory.
+    benchmark::RegisterBenchmark((std::string("OneThreadB/") + codec).c_str(), BM_Decode, 8, 32,
+                                 128, std::string(codec), Record::kThreadCpu)
         ->Args({1024, 1})
+        ->Args({32768, 1})
         ->Unit(benchmark::kMicrosecond);
   }
   // Scores: the foundation shape (A) and shape B, the float codec and int4.
@@ -282,6 +298,29 @@ void PrintDecodeTable() {
   }
 }
 
+// The one-thread table: per context and codec, CPU nanoseconds per token and kv head, the cache
+// read per CPU second, and the speed-up over bf16.
+void PrintOneThreadTable() {
+  if (OneThreadTimes().empty()) return;
+  std::printf("\nDecode, shape B, one thread, CPU time (read bandwidth 1 thread %.1f GB/s):\n",
+              Bandwidth()[1] / 1e9);
+  std::printf("%8s %-7s %14s %8s %9s %8s\n", "tokens", "codec", "ns/token/head", "GB/s", "fraction",
+              "vs bf16");
+  for (int tokens : {1024, 32768}) {
+    const auto bf16 = OneThreadTimes().find({"bf16", tokens});
+    for (const char* codec : kCodecsB) {
+      const auto it = OneThreadTimes().find({codec, tokens});
+      if (it == OneThreadTimes().end()) continue;
+      const BenchCache cache(tokens, 8, 128, codec);  // for its byte count only
+      const double rate = static_cast<double>(DecodeBytesRead(cache.view)) / it->second;
+      std::printf("%8d %-7s %14.1f %8.2f %9.2f %8.2f\n", tokens, codec,
+                  1e9 * it->second / (8.0 * cache.view.num_tokens), rate / 1e9,
+                  rate / Bandwidth()[1],
+                  bf16 != OneThreadTimes().end() ? bf16->second / it->second : 0.0);
+    }
+  }
+}
+
 // The scores-cost table: per shape, codec and context, the fastest decode step without and
 // with scores and the extra time as a fraction.
 void PrintScoresTable() {
@@ -313,6 +352,7 @@ int main(int argc, char** argv) {
   kvstack::RegisterAll(long_contexts);
   benchmark::RunSpecifiedBenchmarks();
   kvstack::PrintDecodeTable();
+  kvstack::PrintOneThreadTable();
   kvstack::PrintScoresTable();
   benchmark::Shutdown();
   return 0;
