@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -42,17 +43,27 @@ namespace {
 namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 
+// Query heads per kv head that decode with AttentionScores allows (a per-kv-head array).
+constexpr int kMaxGroupForScores = 64;
+
+// Where a decode task leaves what the attention scores of selection policies need: each key's
+// exp(score - m), with m the running max when its tile was folded in (recorded per tile), so
+// that the final probability is that times exp(m - max) / sum, one multiply per key.
+struct ScoreSink {
+  float* probs = nullptr;  // [group][prob_stride], indexed by logical token
+  size_t prob_stride = 0;
+  float* tile_max = nullptr;  // [tile of the task][group]
+};
+
 // One decode task: keys [begin, end) of one source of kv head `kv_head` against the `group`
-// query heads that share it. Leaves the unnormalised partial result in `state` and, when
-// `logits` is not null, each key's scaled score (logits[j * logit_stride + t], t in
-// [begin, end)) for the attention scores of selection policies:
+// query heads that share it. Leaves the unnormalised partial result in `state` and, with a
+// sink (not null), the keys' unnormalised probabilities for the attention scores:
 //   q:      [group, head_dim] (already scaled and rotated)
 //   state:  [group, head_dim + 2]: acc[head_dim], running max, running sum
-//   logits: [group, logit_stride] or null
 template <class D>
 void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec& v_side,
                  int kv_head, int begin, int end, const float* HWY_RESTRICT q, int group,
-                 float* HWY_RESTRICT state, float* HWY_RESTRICT logits, size_t logit_stride) {
+                 float* HWY_RESTRICT state, const ScoreSink* sink) {
   const DF df;
   const size_t nf = hn::Lanes(df);
   const size_t nd = hn::Lanes(D());
@@ -89,11 +100,6 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
     } else {
       score(keys, values, num_keys, q, group, head_dim, s, s_stride);
     }
-    if (logits != nullptr) {  // once per tile: the no-scores path pays one branch per tile
-      for (int j = 0; j < group; ++j) {
-        std::memcpy(logits + j * logit_stride + t0, s + j * s_stride, num_keys * sizeof(float));
-      }
-    }
     // Softmax of the tile, folded into the running state.
     const size_t padded = (num_keys + nf - 1) / nf * nf;
     for (int j = 0; j < group; ++j) {
@@ -118,6 +124,10 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
       }
       st[head_dim + 1] = st[head_dim + 1] * alpha + hn::GetLane(hn::SumOfLanes(df, vsum));
       st[head_dim] = new_max;
+      if (sink != nullptr) {  // once per tile: the no-scores path pays one branch per tile
+        std::memcpy(sink->probs + j * sink->prob_stride + t0, sj, num_keys * sizeof(float));
+        sink->tile_max[(t0 - begin) / kDecodeTile * group + j] = new_max;
+      }
     }
     if (vnni_values.ok) {
       VnniAccumulateTile(vnni_values, values, num_keys, s, s_stride, group, state, state_stride);
@@ -136,40 +146,53 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
   }
 }
 
-// The decode step's attention scores, from the logits the score pass kept and each query
-// head's final max and softmax sum: p = exp(logit - max) / sum per (head, token), aggregated
-// over the group and added into scores->out. One task per kv head (they write disjoint rows).
-//   logits: [num_heads][logit_stride]; head_max, head_inv_sum: [num_heads]
-void AddDecodeScores(const float* logits, size_t logit_stride, const float* head_max,
-                     const float* head_inv_sum, int num_kv_heads, int group, int num_tokens,
+// The decode step's attention scores from what the tasks left (ScoreSink) and each query head's
+// final max and 1 / softmax sum: p = probs * exp(tile_max - max) / sum per (head, token),
+// aggregated over the group and added into scores.out. One task per kv head (they write
+// disjoint rows).
+//   probs: [num_heads][prob_stride]; tile_max: [task][max_tiles][group], task = kv_head *
+//   num_parts + part; parts: each part's [begin, end); head_max, head_inv_sum: [num_heads]
+void AddDecodeScores(const float* probs, size_t prob_stride, const float* tile_max,
+                     size_t max_tiles, std::span<const std::pair<int, int>> parts,
+                     const float* head_max, const float* head_inv_sum, int num_kv_heads, int group,
                      const AttentionScores& scores, ThreadPool* pool) {
   const DF df;
   const size_t n = hn::Lanes(df);
   const bool use_max = scores.aggregation == ScoreAggregation::kMax;
   const float group_weight = use_max ? 1.0f : 1.0f / static_cast<float>(group);
+  const int num_parts = static_cast<int>(parts.size());
   RunTasks(pool, num_kv_heads, [&](int64_t kv_head, int /*thread_idx*/) {
     float* row = scores.out + kv_head * static_cast<int64_t>(scores.stride);
     const int first_head = static_cast<int>(kv_head) * group;
-    size_t t = 0;
-    for (; t + n <= static_cast<size_t>(num_tokens); t += n) {
-      auto agg = hn::Zero(df);
-      for (int head = first_head; head < first_head + group; ++head) {
-        const auto logit = hn::LoadU(df, logits + head * logit_stride + t);
-        const auto p = hn::Mul(hn::Exp(df, hn::Sub(logit, hn::Set(df, head_max[head]))),
-                               hn::Set(df, head_inv_sum[head]));
-        agg = use_max ? hn::Max(agg, p) : hn::Add(agg, p);
+    float factor[kMaxGroupForScores];
+    for (int c = 0; c < num_parts; ++c) {
+      const float* part_max =
+          tile_max + (static_cast<size_t>(kv_head) * num_parts + c) * max_tiles * group;
+      for (int t0 = parts[c].first, tile = 0; t0 < parts[c].second; t0 += kDecodeTile, ++tile) {
+        const size_t t1 = static_cast<size_t>(std::min(parts[c].second, t0 + kDecodeTile));
+        for (int j = 0; j < group; ++j) {
+          factor[j] = std::exp(part_max[tile * group + j] - head_max[first_head + j]) *
+                      head_inv_sum[first_head + j] * group_weight;
+        }
+        size_t t = static_cast<size_t>(t0);
+        for (; t + n <= t1; t += n) {
+          auto agg = hn::Zero(df);
+          for (int j = 0; j < group; ++j) {
+            const auto p = hn::Mul(hn::LoadU(df, probs + (first_head + j) * prob_stride + t),
+                                   hn::Set(df, factor[j]));
+            agg = use_max ? hn::Max(agg, p) : hn::Add(agg, p);
+          }
+          hn::StoreU(hn::Add(agg, hn::LoadU(df, row + t)), df, row + t);
+        }
+        for (; t < t1; ++t) {
+          float agg = 0.0f;
+          for (int j = 0; j < group; ++j) {
+            const float p = probs[(first_head + j) * prob_stride + t] * factor[j];
+            agg = use_max ? std::max(agg, p) : agg + p;
+          }
+          row[t] += agg;
+        }
       }
-      hn::StoreU(hn::MulAdd(agg, hn::Set(df, group_weight), hn::LoadU(df, row + t)), df, row + t);
-    }
-    for (; t < static_cast<size_t>(num_tokens); ++t) {
-      float agg = 0.0f;
-      for (int j = 0; j < group; ++j) {
-        const int head = first_head + j;
-        const float p =
-            std::exp(logits[head * logit_stride + t] - head_max[head]) * head_inv_sum[head];
-        agg = use_max ? std::max(agg, p) : agg + p;
-      }
-      row[t] += agg * group_weight;
     }
   });
 }
@@ -215,19 +238,29 @@ void DecodeImpl(const KvLayerView& view, const float* q, const AttentionParams& 
 
   const size_t state_stride = head_dim + 2;
   const size_t q_floats = static_cast<size_t>(params.num_heads) * head_dim;
-  // With scores: every head's logits, whole vectors apart, and its final max and 1 / sum.
-  const size_t logit_stride =
+  // With scores: every head's probabilities (whole vectors apart), each task's tile maxima, and
+  // each head's final max and 1 / sum.
+  size_t max_tiles = 0;
+  for (const auto& range : ranges) {
+    max_tiles = std::max<size_t>(
+        max_tiles, (range.second.second - range.second.first + kDecodeTile - 1) / kDecodeTile);
+  }
+  const size_t prob_stride =
       scores == nullptr ? 0 : (static_cast<size_t>(view.num_tokens) + 15) / 16 * 16;
-  const size_t logit_floats = logit_stride * params.num_heads;
-  const size_t stat_floats = scores == nullptr ? 0 : 2 * static_cast<size_t>(params.num_heads);
+  const size_t score_floats = scores == nullptr
+                                  ? 0
+                                  : prob_stride * params.num_heads + num_tasks * max_tiles * group +
+                                        2 * static_cast<size_t>(params.num_heads);
+  KVS_CHECK(scores == nullptr || group <= kMaxGroupForScores);
   thread_local std::vector<float> call_scratch;
   call_scratch.resize(q_floats + static_cast<size_t>(num_tasks) * group * state_stride +
-                      logit_floats + stat_floats);
+                      score_floats);
   float* q_scaled = call_scratch.data();
   float* states = q_scaled + q_floats;
-  float* logits = scores == nullptr ? nullptr : states + num_tasks * group * state_stride;
-  float* head_max = logits + logit_floats;
-  float* head_inv_sum = head_max + params.num_heads;
+  float* probs = states + num_tasks * group * state_stride;    // [num_heads][prob_stride]
+  float* tile_max = probs + prob_stride * params.num_heads;    // [task][max_tiles][group]
+  float* head_max = tile_max + num_tasks * max_tiles * group;  // [num_heads]
+  float* head_inv_sum = head_max + params.num_heads;           // [num_heads]
   PrepareQueries(view, q, params.num_heads, params.scale, q_scaled);
 
   auto task = [&](int64_t task_idx, int /*thread_idx*/) {
@@ -240,10 +273,11 @@ void DecodeImpl(const KvLayerView& view, const float* q, const AttentionParams& 
                              : source == FillKind::kPending ? pending
                                                             : v_arena;
     float* state = states + static_cast<size_t>(task_idx) * group * state_stride;
+    const ScoreSink sink{probs + kv_head * group * prob_stride, prob_stride,
+                         tile_max + task_idx * max_tiles * group};
     DecodeChunk<D>(view, k_side, v_side, kv_head, range.first, range.second,
                    q_scaled + static_cast<size_t>(kv_head) * group * head_dim, group, state,
-                   logits == nullptr ? nullptr : logits + kv_head * group * logit_stride,
-                   logit_stride);
+                   scores == nullptr ? nullptr : &sink);
   };
   RunTasks(pool, num_tasks, task);
 
@@ -276,8 +310,10 @@ void DecodeImpl(const KvLayerView& view, const float* q, const AttentionParams& 
     }
   }
   if (scores != nullptr) {
-    AddDecodeScores(logits, logit_stride, head_max, head_inv_sum, num_kv_heads, group,
-                    view.num_tokens, *scores, pool);
+    std::vector<std::pair<int, int>> parts;
+    for (const auto& range : ranges) parts.push_back(range.second);
+    AddDecodeScores(probs, prob_stride, tile_max, max_tiles, parts, head_max, head_inv_sum,
+                    num_kv_heads, group, *scores, pool);
   }
 }
 
