@@ -106,7 +106,7 @@ struct KvConfig {
     std::string policy;  // empty: the default policy
   };
   std::vector<LayerCodecs> layer_codecs;
-  // Calibration profile (`kvstack calibrate`) for low-rank codecs. Default: none.
+  // Calibration profile (`kvstack calibrate`) for low-rank and latent codecs. Default: none.
   std::string profile;
 
   // The codec names of one layer, after overrides.

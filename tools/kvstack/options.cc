@@ -45,8 +45,9 @@ void CacheFlags::Add(CLI::App* app, bool with_grid_flags) {
       "most recent tokens kept in F32 before they are encoded (KIVI's residual; default 0)");
   app->add_flag("--hadamard-keys", hadamard_keys_,
                 "rotate keys by a Hadamard matrix before encoding (default off)");
-  app->add_option("--profile", profile_,
-                  "calibration profile for low-rank codecs (kvstack calibrate writes one)");
+  app->add_option(
+      "--profile", profile_,
+      "calibration profile for low-rank and latent codecs (kvstack calibrate writes one)");
   app->add_option("--layer-codec", layer_codecs_,
                   "L:K:V codecs of layer L (K or V empty keeps the default); repeatable")
       ->take_all()
