@@ -116,7 +116,10 @@ size_t DecodeBytesRead(const KvLayerView& view) {
   const size_t segment_tokens =
       static_cast<size_t>(view.sinks.num_tokens()) + view.pending.num_tokens();
   const size_t segment_bytes = segment_tokens * 2 * view.head_dim * sizeof(float);
-  return view.num_kv_heads * (arena_bytes(view.k) + arena_bytes(view.v) + segment_bytes);
+  // A joint (latent) layer's values are decoded from the key units: no bytes of their own.
+  const bool joint = view.v.codec_impl != nullptr && view.v.codec_impl->joint();
+  return view.num_kv_heads *
+         (arena_bytes(view.k) + (joint ? 0 : arena_bytes(view.v)) + segment_bytes);
 }
 
 }  // namespace kvstack

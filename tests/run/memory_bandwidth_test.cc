@@ -34,6 +34,26 @@ TEST(MemoryBandwidthTest, DecodeBytesReadCountsKeyAndValueRowsOfEveryHead) {
   EXPECT_EQ(DecodeBytesRead(view), size_t{100} * 8 * (128 + 256));
 }
 
+// A latent layer's values read the key units (their view is the key arena): counted once.
+TEST(MemoryBandwidthTest, DecodeBytesReadCountsSharedLatentUnitsOnce) {
+  struct JointCodec final : Codec {
+    CodecId id() const override { return CodecId::kLatent; }
+    std::string_view name() const override { return "latent-r4"; }
+    int head_dim() const override { return 8; }
+    size_t unit_bytes() const override { return 8; }
+    bool joint() const override { return true; }
+    void Encode(std::span<const float>, std::span<std::byte>) const override {}
+    void Decode(std::span<const std::byte>, std::span<float>) const override {}
+  } codec;
+  KvLayerView view;
+  view.num_tokens = 100;
+  view.num_kv_heads = 4;
+  view.head_dim = 8;
+  view.k.unit_bytes = view.v.unit_bytes = 8;
+  view.k.codec_impl = view.v.codec_impl = &codec;
+  EXPECT_EQ(DecodeBytesRead(view), size_t{100} * 4 * 8);
+}
+
 TEST(MemoryBandwidthTest, DecodeBytesReadCountsWholeUnitsAndSegments) {
   // 100 tokens: 5 F32 sinks, arena [5, 96) in units of 32 tokens (units 0..2, the first
   // partly sinks), 4 F32 pending tokens.
