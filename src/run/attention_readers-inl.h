@@ -122,13 +122,18 @@ void FillRows(const KvLayerView& view, const SideSpec& side, bool keys, int kv_h
           }
           return;
         }
+        // A head's units of one block are consecutive: one division per run, not per row.
+        const std::byte* unit = arena.Unit(block_id, row / group_tokens, kv_head);
+        int in_unit = row % group_tokens;
+        const std::byte** hdrs = set->hdrs + (logical - t0);
+        const std::byte** rows = set->rows + (logical - t0);
         for (int r = 0; r < count; ++r) {
-          const int slot_row = row + r;
-          const std::byte* unit = arena.Unit(block_id, slot_row / group_tokens, kv_head);
-          const int i = logical - t0 + r;
-          set->hdrs[i] = unit;
-          set->rows[i] = unit + side.code_offset +
-                         static_cast<size_t>(slot_row % group_tokens) * side.row_code_bytes;
+          hdrs[r] = unit;
+          rows[r] = unit + side.code_offset + static_cast<size_t>(in_unit) * side.row_code_bytes;
+          if (++in_unit == group_tokens) {
+            in_unit = 0;
+            unit += arena.unit_bytes;
+          }
         }
       });
       break;

@@ -471,15 +471,20 @@ KVS_VNNI_ATTR void VnniScoreTileKivi(const VnniPlan& plan, const RowSet& keys, c
       size_t run_end = k + 1;
       while (run_end < key0 + 16 && keys.hdrs[run_end] == unit) ++run_end;
       if (unit != prepared_unit) {  // the unit's (scale, min) pairs, folded into the queries
+        alignas(64) float scale_c[kVnniMaxHeadDim], min_c[kVnniMaxHeadDim];
+        for (size_t c = 0; c < head_dim; c += 16) {
+          const __m512i pairs = _mm512_loadu_si512(unit + 4 * c);
+          _mm512_store_ps(scale_c + c, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(pairs)));
+          _mm512_store_ps(min_c + c,
+                          _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(pairs, 16))));
+        }
         for (int j = 0; j < group; ++j) {
           __m512 b = _mm512_setzero_ps();
           for (size_t c = 0; c < head_dim; c += 16) {
-            const __m512i pairs = _mm512_loadu_si512(unit + 4 * c);
-            const __m512 sc = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(pairs));
-            const __m512 mn = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(pairs, 16)));
             const __m512 qv = _mm512_loadu_ps(q + j * head_dim + c);
-            _mm512_storeu_ps(folded.data() + j * head_dim + c, _mm512_mul_ps(qv, sc));
-            b = _mm512_fmadd_ps(qv, mn, b);
+            _mm512_storeu_ps(folded.data() + j * head_dim + c,
+                             _mm512_mul_ps(qv, _mm512_load_ps(scale_c + c)));
+            b = _mm512_fmadd_ps(qv, _mm512_load_ps(min_c + c), b);
           }
           bias[j] = _mm512_reduce_add_ps(b);
         }
