@@ -18,6 +18,7 @@
 // Order matters: foreach_target.h must come before highway.h.
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
+#include "run/attention_readers-inl.h"
 #include "run/attention_rows-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -40,10 +41,32 @@ constexpr int kKeysPerStep = 4;
 // are decoded one small tile at a time into per-thread scratch (like SRAM tiles on a GPU),
 // amortised over every row of the query tile.
 
+// How one arena's tiles are decoded: with the SIMD readers where its format has one
+// (attention_readers-inl.h), else with the codec's own Decode (DecodeArenaTokens).
+struct TileSource {
+  SideSpec side;
+  DecodeRowsFn decode = nullptr;
+};
+
+template <class D>
+TileSource MakeTileSource(const KvLayerView& view, bool keys) {
+  TileSource source;
+  source.side = ArenaSide(view, keys ? view.k : view.v, keys, hn::Lanes(D()));
+  if (source.side.fill != FillKind::kDecoded) source.decode = DecodeRowsFor<D>(source.side.reader);
+  return source;
+}
+
+TileSource ArenaTileSource(const KvLayerView& view, bool keys) {
+  const size_t head_dim = static_cast<size_t>(view.head_dim);
+  if (head_dim % hn::Lanes(DF()) == 0) return MakeTileSource<DF>(view, keys);
+  if (head_dim % 4 == 0) return MakeTileSource<hn::CappedTag<float, 4>>(view, keys);
+  return {};
+}
+
 // Copies tokens [t0, t1) of one kv head from any mix of the three sources into F32 rows.
 // dst: [t1 - t0][head_dim].
-void LoadTokensF32(const KvLayerView& view, bool keys, int kv_head, int t0, int t1,
-                   float* HWY_RESTRICT dst) {
+void LoadTokensF32(const KvLayerView& view, bool keys, const TileSource& source, int kv_head,
+                   int t0, int t1, float* HWY_RESTRICT dst) {
   const size_t head_dim = static_cast<size_t>(view.head_dim);
   auto copy_segment = [&](const KvF32Segment& seg, int begin, int end) {
     for (int t = begin; t < end; ++t) {
@@ -55,7 +78,12 @@ void LoadTokensF32(const KvLayerView& view, bool keys, int kv_head, int t0, int 
   const int arena_begin = view.arena_begin(), arena_end = view.arena_end();
   copy_segment(view.sinks, t0, std::min(t1, arena_begin));
   const int a0 = std::max(t0, arena_begin), a1 = std::min(t1, arena_end);
-  if (a0 < a1) {
+  if (a0 < a1 && source.decode != nullptr) {
+    RowSet rows;
+    FillRows(view, source.side, keys, kv_head, a0, a1, &rows);
+    source.decode(rows, static_cast<size_t>(a1 - a0), head_dim,
+                  dst + static_cast<size_t>(a0 - t0) * head_dim);
+  } else if (a0 < a1) {
     DecodeArenaTokens(view, keys ? view.k : view.v, kv_head, a0, a1,
                       dst + static_cast<size_t>(a0 - t0) * head_dim);
   }
@@ -128,10 +156,10 @@ HWY_INLINE void AccumulateStep(const float* HWY_RESTRICT p, const float* HWY_RES
 
 // Loads keys or values [t0, t1) as F32 rows into [kPrefillKeyTile][head_dim], zero-padding
 // to a whole number of kKeysPerStep.
-void LoadTile(const KvLayerView& view, bool keys, int kv_head, int t0, int t1,
-              float* HWY_RESTRICT tile) {
+void LoadTile(const KvLayerView& view, bool keys, const TileSource& source, int kv_head, int t0,
+              int t1, float* HWY_RESTRICT tile) {
   const size_t head_dim = static_cast<size_t>(view.head_dim);
-  LoadTokensF32(view, keys, kv_head, t0, t1, tile);
+  LoadTokensF32(view, keys, source, kv_head, t0, t1, tile);
   const int padded = (t1 - t0 + kKeysPerStep - 1) / kKeysPerStep * kKeysPerStep;
   std::fill(tile + static_cast<size_t>(t1 - t0) * head_dim,
             tile + static_cast<size_t>(padded) * head_dim, 0.0f);
@@ -144,6 +172,8 @@ void PrefillImpl(const KvLayerView& view, const float* q, int num_queries,
                  const AttentionParams& params, float* out, ThreadPool* pool, int first_scored,
                  float* stats) {
   const DF df;
+  const TileSource k_source = ArenaTileSource(view, true);
+  const TileSource v_source = ArenaTileSource(view, false);
   const size_t n = hn::Lanes(df);
   const int group = params.num_heads / view.num_kv_heads;
   const size_t head_dim = static_cast<size_t>(view.head_dim);
@@ -199,8 +229,8 @@ void PrefillImpl(const KvLayerView& view, const float* q, int num_queries,
       const int t1 = std::min(num_keys_total, t0 + kPrefillKeyTile);
       const size_t num_keys = static_cast<size_t>(t1 - t0);
       const size_t num_steps = (num_keys + kKeysPerStep - 1) / kKeysPerStep;
-      LoadTile(view, true, kv_head, t0, t1, kf);
-      LoadTile(view, false, kv_head, t0, t1, vf);
+      LoadTile(view, true, k_source, kv_head, t0, t1, kf);
+      LoadTile(view, false, v_source, kv_head, t0, t1, vf);
       // Only the diagonal tiles hold keys past some row's causal limit. (The zero-padded keys
       // of a short last tile are scored but never read.)
       const bool masked = t1 - 1 > min_limit;
@@ -282,6 +312,7 @@ void PrefillScores(const KvLayerView& view, const float* q, int num_queries,
                    const AttentionParams& params, const AttentionScores& scores, const float* stats,
                    ThreadPool* pool) {
   const DF df;
+  const TileSource k_source = ArenaTileSource(view, true);
   const size_t n = hn::Lanes(df);
   const int group = params.num_heads / view.num_kv_heads;
   const size_t head_dim = static_cast<size_t>(view.head_dim);
@@ -343,7 +374,7 @@ void PrefillScores(const KvLayerView& view, const float* q, int num_queries,
       for (int t0 = k0; t0 < keys_end; t0 += kPrefillKeyTile) {
         const int t1 = std::min(keys_end, t0 + kPrefillKeyTile);
         const size_t num_keys = static_cast<size_t>(t1 - t0);
-        LoadTile(view, true, kv_head, t0, t1, kf);
+        LoadTile(view, true, k_source, kv_head, t0, t1, kf);
         for (int j = 0; j < group; ++j) {
           for (size_t step = 0; step * kKeysPerStep < num_keys; ++step) {
             ScoreStep(qt + j * head_dim * block, kf + step * kKeysPerStep * head_dim, head_dim,

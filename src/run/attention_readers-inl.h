@@ -596,6 +596,91 @@ AccumulateFn AccumulateFor(Reader r) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Decoding a tile to F32 with the readers, for prefill (whose math runs on F32 tiles).
+
+// The rows of `set` (FillRows) as F32 in element order: dst: [num_keys][head_dim].
+template <Reader kR, class D>
+void DecodeRowsF32(const RowSet& set, size_t num_keys, size_t head_dim, float* HWY_RESTRICT dst) {
+  const D d;
+  const size_t n = hn::Lanes(d);
+  // Split order is only a way of scoring; decode kInt4S rows with kInt4 (element order).
+  constexpr Reader kE = kR == Reader::kInt4S ? Reader::kInt4 : kR;
+  constexpr bool kGroups = kE == Reader::kInt4 || kE == Reader::kInt2;
+  constexpr bool kKivi = kE == Reader::kKivi4 || kE == Reader::kKivi2;
+  // KIVI: the current unit's per-channel scales and minima.
+  float* channel = kKivi ? Scratch(kSlotHeaders, 4 * head_dim) : nullptr;  // [2][head_dim] + tmp
+  const std::byte* channel_unit = nullptr;
+  for (size_t key = 0; key < num_keys; ++key) {
+    const std::byte* row = set.rows[key];
+    float* out = dst + key * head_dim;
+    if constexpr (IsFloatReader(kE)) {
+      ConvertRow<kE>(row, head_dim, out);
+    } else if constexpr (IsRowScaled(kE)) {  // raw codes times the row's f16 scale
+      const auto scale = hn::Set(d, LoadF16Scalar(row));
+      for (size_t i = 0; i < head_dim; i += n) {
+        hn::StoreU(hn::Mul(LoadRow<kE>(d, row, i), scale), d, out + i);
+      }
+    } else if constexpr (kGroups) {
+      float hf[kMaxHeaderFloats];
+      LoadHeader<kE>(set, key, hf);
+      const size_t group_elems = static_cast<size_t>(set.group_elems);
+      for (size_t g0 = 0, g = 0; g0 < head_dim; g0 += group_elems, ++g) {
+        const auto scale = hn::Set(d, hf[2 * g]), min = hn::Set(d, hf[2 * g + 1]);
+        for (size_t i = g0; i < g0 + group_elems; i += n) {
+          hn::StoreU(LoadRow<kE>(d, row, i, scale, min), d, out + i);
+        }
+      }
+    } else {
+      static_assert(kKivi);
+      if (set.hdrs[key] != channel_unit) {  // [head_dim x (scale, min)] of the unit
+        float* pairs = channel + 2 * head_dim;
+        ConvertRow<Reader::kF16>(set.hdrs[key], 2 * head_dim, pairs);
+        for (size_t c = 0; c < head_dim; ++c) {
+          channel[c] = pairs[2 * c];
+          channel[head_dim + c] = pairs[2 * c + 1];
+        }
+        channel_unit = set.hdrs[key];
+      }
+      for (size_t i = 0; i < head_dim; i += n) {
+        hn::StoreU(hn::MulAdd(LoadRow<kE>(d, row, i), hn::LoadU(d, channel + i),
+                              hn::LoadU(d, channel + head_dim + i)),
+                   d, out + i);
+      }
+    }
+  }
+}
+
+using DecodeRowsFn = void (*)(const RowSet&, size_t, size_t, float*);
+
+// The decoder of a reader at vector width D; null where it has none (the float readers are
+// converted in DecodeArenaTokens already).
+template <class D>
+DecodeRowsFn DecodeRowsFor(Reader r) {
+  if constexpr (hn::MaxLanes(D()) >= 4) {
+    switch (r) {
+      case Reader::kInt8:
+        return &DecodeRowsF32<Reader::kInt8, D>;
+      case Reader::kFp8E4M3:
+        return &DecodeRowsF32<Reader::kFp8E4M3, D>;
+      case Reader::kFp8E5M2:
+        return &DecodeRowsF32<Reader::kFp8E5M2, D>;
+      case Reader::kInt4:
+      case Reader::kInt4S:
+        return &DecodeRowsF32<Reader::kInt4, D>;
+      case Reader::kInt2:
+        return &DecodeRowsF32<Reader::kInt2, D>;
+      case Reader::kKivi4:
+        return &DecodeRowsF32<Reader::kKivi4, D>;
+      case Reader::kKivi2:
+        return &DecodeRowsF32<Reader::kKivi2, D>;
+      default:
+        break;
+    }
+  }
+  return nullptr;
+}
+
 // The fast reader for one arena, if its format has one at vector width `lanes`; otherwise the
 // generic decoded path. Geometry comes from the view (unit_bytes, group_tokens), so a view
 // that does not match the documented format falls back to the codec's own Decode.
