@@ -327,7 +327,9 @@ TEST(EvictionE2E, EvictStepCutsBelowTheBudgetOncePerStepTokens) {
     ASSERT_TRUE((*engine)->Forward(*seq, Text(160).subspan(t, 1), false, &logits).ok());
     const int held = (*engine)->cache().HeadTokens(*seq, 0, 0);
     EXPECT_LE(held, 48);
-    if (t >= 48) EXPECT_GE(held, 41) << t;
+    if (t >= 48) {
+      EXPECT_GE(held, 41) << t;
+    }
     evictions += held < previous;
     previous = held;
   }

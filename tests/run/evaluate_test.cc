@@ -143,7 +143,8 @@ TEST_F(EvaluateTest, SizesAverageOverLayersWhenLayerCodecsDiffer) {
   const LlamaHparams& hp = model_->hparams();
   ASSERT_GE(hp.num_layers, 2);
   KvConfig config = Codecs("f16", "f16");
-  config.layer_codecs.push_back({/*layer_idx=*/0, "f32", ""});  // layer 0: F32 keys only
+  config.layer_codecs.push_back(
+      {.layer_idx = 0, .k_codec = "f32", .v_codec = "", .policy = ""});  // layer 0: F32 keys only
   const ConfigEvaluation e = Evaluate(config);
   const int n = hp.num_layers;
   EXPECT_DOUBLE_EQ(e.bits_per_element, ((32.0 + 16.0) / 2 + 16.0 * (n - 1)) / n);

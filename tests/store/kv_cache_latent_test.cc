@@ -187,7 +187,8 @@ TEST(KvCacheLatent, OtherPairingsAreRefused) {
   }
   // A per-layer override that leaves one side latent.
   KvCacheOptions options = Options("latent-r4", "latent-r4");
-  options.config.layer_codecs.push_back({.layer_idx = 1, .k_codec = "f16", .v_codec = ""});
+  options.config.layer_codecs.push_back(
+      {.layer_idx = 1, .k_codec = "f16", .v_codec = "", .policy = ""});
   auto mixed = KvCache::Create(options);
   ASSERT_FALSE(mixed.ok());
   EXPECT_THAT(std::string(mixed.status().message()), HasSubstr("k='f16' v='latent-r4'"));

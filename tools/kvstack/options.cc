@@ -65,7 +65,10 @@ absl::StatusOr<KvConfig::LayerCodecs> ParseLayerCodec(std::string_view spec) {
         "may be empty to keep the default), e.g. 0:f32:f16 or 3::int8",
         spec));
   }
-  return KvConfig::LayerCodecs{layer_idx, std::string(parts[1]), std::string(parts[2])};
+  return KvConfig::LayerCodecs{.layer_idx = layer_idx,
+                               .k_codec = std::string(parts[1]),
+                               .v_codec = std::string(parts[2]),
+                               .policy = ""};
 }
 
 absl::StatusOr<KvConfig> CacheFlags::Resolve() const {
