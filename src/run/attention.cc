@@ -4,11 +4,23 @@
 
 #include "run/attention.h"
 
+#include <atomic>
+
 #include "represent/hadamard.h"
 #include "run/attention_kernels.h"
 #include "run/lowrank_attention.h"
 
 namespace kvstack {
+namespace {
+std::atomic<bool> integer_dot_products_disabled{false};
+}  // namespace
+
+void DisableIntegerDotProductsForTest(bool disabled) {
+  integer_dot_products_disabled.store(disabled, std::memory_order_relaxed);
+}
+bool IntegerDotProductsDisabledForTest() {
+  return integer_dot_products_disabled.load(std::memory_order_relaxed);
+}
 
 void Attention(const KvLayerView& view, const float* q, int num_queries,
                const AttentionParams& params, float* out, ThreadPool* pool,

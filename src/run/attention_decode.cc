@@ -43,9 +43,6 @@ namespace {
 namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 
-// Query heads per kv head that decode with AttentionScores allows (a per-kv-head array).
-constexpr int kMaxGroupForScores = 64;
-
 // Where a decode task leaves what the attention scores of selection policies need: each key's
 // exp(score - m), with m the running max when its tile was folded in (recorded per tile), so
 // that the final probability is that times exp(m - max) / sum, one multiply per key.
@@ -164,7 +161,8 @@ void AddDecodeScores(const float* probs, size_t prob_stride, const float* tile_m
   RunTasks(pool, num_kv_heads, [&](int64_t kv_head, int /*thread_idx*/) {
     float* row = scores.out + kv_head * static_cast<int64_t>(scores.stride);
     const int first_head = static_cast<int>(kv_head) * group;
-    float factor[kMaxGroupForScores];
+    thread_local std::vector<float> factor;  // [group]
+    factor.resize(group);
     for (int c = 0; c < num_parts; ++c) {
       const float* part_max =
           tile_max + (static_cast<size_t>(kv_head) * num_parts + c) * max_tiles * group;
@@ -251,7 +249,6 @@ void DecodeImpl(const KvLayerView& view, const float* q, const AttentionParams& 
                                   ? 0
                                   : prob_stride * params.num_heads + num_tasks * max_tiles * group +
                                         2 * static_cast<size_t>(params.num_heads);
-  KVS_CHECK(scores == nullptr || group <= kMaxGroupForScores);
   thread_local std::vector<float> call_scratch;
   call_scratch.resize(q_floats + static_cast<size_t>(num_tasks) * group * state_stride +
                       score_floats);

@@ -19,4 +19,10 @@ void PrefillAttention(const KvLayerView& view, const float* q, int num_queries,
                       const AttentionParams& params, float* out, ThreadPool* pool,
                       const AttentionScores* scores);
 
+// Tests only: whether the integer dot-product readers (attention_vnni-inl.h) are switched off, so
+// that the float readers they replace on CPUs with AVX-512 VNNI are tested there too. Not
+// thread-safe against running kernels: set it between calls.
+void DisableIntegerDotProductsForTest(bool disabled);
+bool IntegerDotProductsDisabledForTest();
+
 }  // namespace kvstack

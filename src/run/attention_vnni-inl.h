@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "kvstack/numeric.h"
+#include "run/attention_kernels.h"
 
 #if defined(KVSTACK_RUN_ATTENTION_VNNI_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef KVSTACK_RUN_ATTENTION_VNNI_INL_H_
@@ -93,7 +94,7 @@ struct VnniQuery {
 bool CpuHasVnni() {
   static const bool has =
       __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
-  return has;
+  return has && !IntegerDotProductsDisabledForTest();
 }
 
 // The permute indexes of one code width, computed once.
@@ -454,8 +455,8 @@ KVS_VNNI_ATTR void VnniScoreTileKivi(const VnniPlan& plan, const RowSet& keys, c
   thread_local std::vector<float> folded;  // [group][head_dim] q * scale of the unit
   unit_queries.resize(group);
   folded.resize(static_cast<size_t>(group) * head_dim);
-  float bias[64];  // q . min per head (groups of up to 64 heads)
-  KVS_CHECK(group <= 64);
+  thread_local std::vector<float> bias;  // [group] q . min of the unit
+  bias.resize(group);
   const std::byte* prepared_unit = nullptr;
   __m512 scale[1] = {_mm512_set1_ps(1.0f)}, min[1] = {_mm512_setzero_ps()};
   alignas(64) float block_scores[4 * 16];

@@ -18,6 +18,7 @@
 #include "hwy/targets.h"
 #include "kvstack/codec.h"
 #include "represent/hadamard.h"
+#include "run/attention_kernels.h"
 
 namespace kvstack::attention_test {
 namespace {
@@ -266,26 +267,32 @@ TEST(AttentionTest, IntegerCodecsAtEveryGroupAndWidth) {
   // in steps of 4, 2 and 1 (3, 5, 8), head_dim with 2 or 4 blocks of 16 per pass and rows of
   // one or two 64-byte halves (32 .. 256), groups of 16, 32 and the whole row, several tiles,
   // sinks and pending tokens.
+  // Once with the integer dot-product readers (where the CPU has them) and once without.
   ThreadPool pool(2);
-  for (int head_dim : {32, 96, 128, 256}) {
-    for (const char* name : {"int8", "int4", "int2", "int4-g16", "q4_absmax", "kivi2"}) {
-      std::string codec = name;
-      if (codec == "int4-g16" && head_dim == 96) codec = "int4-g32";
-      if (!CreateCodec(codec, head_dim, CodecRole::kKey).ok()) continue;
-      for (int group : {1, 3, 4, 5, 8}) {
-        Case c;
-        c.num_tokens = 700;
-        c.num_kv_heads = 1;
-        c.group = group;
-        c.head_dim = head_dim;
-        c.k_codec = codec.starts_with("kivi") ? "int4" : codec;
-        c.v_codec = codec;
-        c.num_sinks = 3;
-        c.extra_pending = 2;
-        RunAndCompare(c, {LayoutKind::kPaged, 64}, group % 2 == 0 ? &pool : nullptr);
+  for (const bool float_readers : {false, true}) {
+    DisableIntegerDotProductsForTest(float_readers);
+    SCOPED_TRACE(float_readers ? "float readers" : "integer readers where the CPU has them");
+    for (int head_dim : {32, 96, 128, 256}) {
+      for (const char* name : {"int8", "int4", "int2", "int4-g16", "q4_absmax", "kivi2"}) {
+        std::string codec = name;
+        if (codec == "int4-g16" && head_dim == 96) codec = "int4-g32";
+        if (!CreateCodec(codec, head_dim, CodecRole::kKey).ok()) continue;
+        for (int group : {1, 3, 4, 5, 8}) {
+          Case c;
+          c.num_tokens = 700;
+          c.num_kv_heads = 1;
+          c.group = group;
+          c.head_dim = head_dim;
+          c.k_codec = codec.starts_with("kivi") ? "int4" : codec;
+          c.v_codec = codec;
+          c.num_sinks = 3;
+          c.extra_pending = 2;
+          RunAndCompare(c, {LayoutKind::kPaged, 64}, group % 2 == 0 ? &pool : nullptr);
+        }
       }
     }
   }
+  DisableIntegerDotProductsForTest(false);
 }
 
 TEST(AttentionTest, RotatedKeysGiveTheUnrotatedAttention) {
@@ -339,10 +346,15 @@ TEST(AttentionTest, SegmentsOnlyAndTinyArenas) {
 }
 
 TEST(AttentionTest, QuantisedReadersOnEverySimdTarget) {
+  // Every target, and the best one again without the integer dot-product readers (on CPUs with
+  // AVX-512 VNNI they replace the float readers that the other targets and CPUs use).
   ThreadPool pool(2);
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+  std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  targets.push_back(0);  // the machine's own, without the integer readers
+  for (int64_t target : targets) {
     hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(hwy::TargetName(target));
+    DisableIntegerDotProductsForTest(target == 0);
+    SCOPED_TRACE(target == 0 ? std::string("best target, float readers") : hwy::TargetName(target));
     for (const char* k : {"int8", "int4", "int2", "kivi4", "kivi2", "int4-g64", "fp8_e4m3",
                           "fp8_e5m2", "q4_absmax"}) {
       Case c;
@@ -355,6 +367,7 @@ TEST(AttentionTest, QuantisedReadersOnEverySimdTarget) {
     }
   }
   hwy::SetSupportedTargetsForTest(0);  // back to the machine's own
+  DisableIntegerDotProductsForTest(false);
 }
 
 }  // namespace
