@@ -40,6 +40,10 @@ struct AttentionScores {
 //   out: [num_queries, num_heads, head_dim]
 // num_queries == 1 is decode (split over the keys across threads, flash-decoding style);
 // more is prefill (tiled over queries and keys). pool may be null (single-threaded).
+// Precision: float accumulation, except where decode reads integer codecs with integer dot
+// products (CPUs with AVX-512 VNNI): the query is then rounded to int8 per 32 elements (two
+// bytes for int8 keys) and the value weights to int16 per tile (attention_vnni-inl.h says how
+// far that moves the output).
 // scores: may be null (the common case, which must cost nothing extra).
 void Attention(const KvLayerView& view, const float* q, int num_queries,
                const AttentionParams& params, float* out, ThreadPool* pool,
