@@ -105,6 +105,9 @@ const AttentionScores* Evictor::BeginLayerStep(SeqId seq_id, int layer_idx, int 
       request_.first_query = 0;
       break;
     case ScoreKind::kRecent:
+      // Per-step scores are read only by the eviction this step triggers: a step that stays
+      // within the budget asks for none (with evict_step s, one step in s pays for them).
+      if (!OverBudget(state, layer_idx)) return nullptr;
       state.ClearScores(layer_idx);
       request_.first_query = std::max(0, num_queries - policy.observation_window());
       break;
