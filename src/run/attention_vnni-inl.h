@@ -335,16 +335,15 @@ KVS_VNNI_ATTR HWY_INLINE void ScoreColumns(const VnniPlan& plan, const __m512i* 
   for (int j = 0; j < kNumQ; ++j) _mm512_storeu_ps(s + j * s_stride, total[j]);
 }
 
-// The first 4 dwords of the 16 rows base[k] as columns (cols[c]: dword c of every row), for
-// headers: 4 rows per vector by 128-bit inserts, then two rounds of two-source permutes
-// instead of a whole 16x16 transpose. Reads 16 bytes of each row (a header and its codes
-// always hold that many).
-KVS_VNNI_ATTR HWY_INLINE void LoadFourColumns(const std::byte* const* base, __m512i* cols) {
+// The first num_dwords <= 4 dwords of the 16 rows base[k] as columns (cols[c]: dword c of
+// every row; zero past num_dwords), for headers: 4 rows per vector by 128-bit inserts, then two
+// rounds of two-source permutes instead of a whole 16x16 transpose. Reads only those dwords.
+KVS_VNNI_ATTR HWY_INLINE void LoadFourColumns(const std::byte* const* base, int num_dwords,
+                                              __m512i* cols) {
+  const __mmask8 mask = static_cast<__mmask8>((1u << num_dwords) - 1);
   __m512i a[4];  // rows 4 i .. 4 i + 3, one per 128-bit lane
   for (int i = 0; i < 4; ++i) {
-    const auto row = [&](int k) {
-      return _mm_loadu_si128(reinterpret_cast<const __m128i*>(base[4 * i + k]));
-    };
+    const auto row = [&](int k) { return _mm_maskz_loadu_epi32(mask, base[4 * i + k]); };
     __m512i v = _mm512_castsi128_si512(row(0));
     v = _mm512_inserti32x4(v, row(1), 1);
     v = _mm512_inserti32x4(v, row(2), 2);
@@ -389,7 +388,7 @@ KVS_VNNI_ATTR HWY_INLINE void LoadGroupScales(const VnniPlan& plan, const RowSet
   const int header_dwords = plan.absmax ? (plan.num_groups + 1) / 2 : plan.num_groups;
   __m512i cols[16];
   if (header_dwords <= 4) {
-    LoadFourColumns(keys.hdrs + key0, cols);
+    LoadFourColumns(keys.hdrs + key0, header_dwords, cols);
   } else {
     LoadColumns(keys.hdrs + key0, 0, header_dwords, cols);
   }
