@@ -55,10 +55,11 @@ namespace kvstack {
 namespace HWY_NAMESPACE {
 namespace {
 
-// Largest head_dim the VNNI scorer takes (its per-head query tables are fixed arrays).
+// Largest head_dim the VNNI readers take (their per-head query tables are fixed arrays).
 constexpr size_t kVnniMaxHeadDim = 256;
 
-// How one key arena is scored with VNNI; ok is false where the float readers must be used.
+// How one arena (keys or values) is read with VNNI; ok is false where the float readers must
+// be used.
 struct VnniPlan {
   bool ok = false;
   int bits = 8;            // 8 (int8 rows), 4 or 2 (integer groups)
