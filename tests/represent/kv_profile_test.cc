@@ -3,6 +3,8 @@
 // and the file format (round trip, foreign model and old version refused, corruption caught).
 #include "kvstack/kv_profile.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -128,7 +130,7 @@ TEST(KvProfile, FinalizeWithoutDataIsAnError) {
 
 TEST(KvProfile, FileRoundTripAndRefusals) {
   const KvProfile profile = SyntheticProfile();
-  const std::string path = testing::TempDir() + "/p.kvsprof";
+  const std::string path = testing::TempDir() + "/p_" + std::to_string(getpid()) + ".kvsprof";
   ASSERT_TRUE(profile.Save(path).ok());
   auto loaded = KvProfile::Load(path, 0x1234, 2, 2, 4);
   ASSERT_TRUE(loaded.ok()) << loaded.status();

@@ -8,6 +8,8 @@
 
 #include "run/lowrank_attention.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <memory>
 #include <random>
@@ -66,7 +68,8 @@ const std::string& ProfilePath() {
     for (size_t i = 0; i < v.size(); ++i) v[i] = 0.5f * v[i] + 0.25f * k[i];  // correlated
     profile.Accumulate(0, k, v);
     KVS_CHECK(profile.Finalize().ok());
-    const std::string p = testing::TempDir() + "/lowrank_attention_test.kvsprof";
+    const std::string p =
+        testing::TempDir() + "/lowrank_attention_test_" + std::to_string(getpid()) + ".kvsprof";
     KVS_CHECK(profile.Save(p).ok());
     return p;
   }();

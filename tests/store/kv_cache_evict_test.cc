@@ -10,6 +10,7 @@
 // (copy-on-write) and the byte accounting.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <numeric>
@@ -75,7 +76,8 @@ std::string ProfilePath() {
       profile.Accumulate(layer_idx, keys, values);
     }
     KVS_CHECK(profile.Finalize().ok());
-    const std::string file = ::testing::TempDir() + "/kv_cache_evict_test.profile";
+    const std::string file =
+        ::testing::TempDir() + "/kv_cache_evict_test_" + std::to_string(getpid()) + ".profile";
     KVS_CHECK(profile.Save(file).ok());
     return file;
   }();

@@ -3,6 +3,8 @@
 // arena), encodes each token's key and value together, moves and re-encodes them together on
 // eviction, and refuses any other pairing of a latent codec with a one-line error (and, like
 // every key codec built from a profile, Hadamard-rotated keys).
+#include <unistd.h>
+
 #include <cmath>
 #include <random>
 #include <string>
@@ -39,7 +41,8 @@ const std::string& ProfilePath() {
       profile.Accumulate(l, RandomRows(500, rng), RandomRows(500, rng));
     }
     KVS_CHECK(profile.Finalize().ok());
-    const std::string p = testing::TempDir() + "/kv_cache_latent_test.kvsprof";
+    const std::string p =
+        testing::TempDir() + "/kv_cache_latent_test_" + std::to_string(getpid()) + ".kvsprof";
     KVS_CHECK(profile.Save(p).ok());
     return p;
   }();

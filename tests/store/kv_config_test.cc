@@ -4,6 +4,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -250,7 +251,8 @@ TEST(KvConfigTomlTest, SyntaxErrorIsAStatusWithLocation) {
 }
 
 TEST(KvConfigFileTest, LoadsFileAndNamesPathInErrors) {
-  const std::string path = ::testing::TempDir() + "kv_config_test.toml";
+  const std::string path =
+      ::testing::TempDir() + "kv_config_test_" + std::to_string(getpid()) + ".toml";
   {
     std::ofstream out(path);
     out << "[kv]\nlayout = \"paged\"\nblock_size = 8\ncapacity = 128\n";
