@@ -49,8 +49,7 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const LlamaModel& model,
   engine_options.kv = config;
   engine_options.context_tokens = options.ctx;
   engine_options.num_threads = options.num_threads;
-  engine_options.max_batch =
-      options.batch > 0 ? options.batch : (config.evicts() ? kEvictingBatch : options.ctx);
+  engine_options.max_batch = ResolveBatch(config, options.batch, options.ctx);
   return Engine::Create(model, engine_options);
 }
 

@@ -33,7 +33,7 @@ absl::StatusOr<PerplexityResult> Perplexity(Engine& engine, std::span<const Toke
   }
   if (options.max_windows > 0) num_windows = std::min(num_windows, options.max_windows);
   const int ctx = options.ctx;
-  const int batch = ResolveBatch(engine, options.batch, ctx);
+  const int batch = ResolveBatch(engine.options().kv, options.batch, ctx);
   const int first = ctx / 2;
   const int vocab = engine.model().hparams().vocab_size;
   const TokenId bos = engine.model().tokenizer().bos_id();

@@ -32,9 +32,7 @@ absl::StatusOr<RetrievalProbeResult> RetrievalProbe(const LlamaModel& model,
   engine_options.kv = config;
   engine_options.context_tokens = length;
   engine_options.num_threads = options.num_threads;
-  engine_options.max_batch = options.batch > 0 ? options.batch
-                             : config.evicts() ? kEvictingBatch
-                                               : length;
+  engine_options.max_batch = ResolveBatch(config, options.batch, length);
   KVS_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(model, engine_options));
 
   RetrievalProbeResult result;

@@ -6,9 +6,9 @@
 
 namespace kvstack {
 
-int ResolveBatch(const Engine& engine, int batch, int sequence_tokens) {
+int ResolveBatch(const KvConfig& config, int batch, int sequence_tokens) {
   if (batch > 0) return batch;
-  return engine.options().kv.evicts() ? kEvictingBatch : sequence_tokens;
+  return config.evicts() ? kEvictingBatch : sequence_tokens;
 }
 
 absl::Status SequenceLogits(Engine& engine, std::span<const TokenId> tokens, int batch,

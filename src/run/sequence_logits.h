@@ -16,8 +16,8 @@ namespace kvstack {
 inline constexpr int kEvictingBatch = 16;
 
 // Tokens per forward call when the caller asked for `batch` (0 = default): the whole
-// `sequence_tokens`, or kEvictingBatch when the engine's cache evicts.
-int ResolveBatch(const Engine& engine, int batch, int sequence_tokens);
+// `sequence_tokens`, or kEvictingBatch when the cache `config` describes evicts.
+int ResolveBatch(const KvConfig& config, int batch, int sequence_tokens);
 
 // Runs `tokens` through a new sequence of `engine`, `batch` (>= 1) tokens per forward call, and
 // returns the logits of every position: [tokens.size(), vocab]. The sequence is freed, also on

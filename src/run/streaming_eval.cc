@@ -25,9 +25,7 @@ absl::StatusOr<StreamingResult> StreamingPerplexity(const LlamaModel& model,
   engine_options.kv = config;
   engine_options.context_tokens = options.total_tokens;
   engine_options.num_threads = options.num_threads;
-  engine_options.max_batch = options.batch > 0 ? options.batch
-                             : config.evicts() ? kEvictingBatch
-                                               : options.segment_tokens;
+  engine_options.max_batch = ResolveBatch(config, options.batch, options.segment_tokens);
   KVS_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(model, engine_options));
 
   std::vector<TokenId> stream(tokens.begin(), tokens.begin() + options.total_tokens);
