@@ -100,13 +100,10 @@ class KvCache {
   // Tokens one kv head of one layer holds: NumTokens until an eviction kept fewer.
   int HeadTokens(SeqId seq_id, int layer_idx, int kv_head) const;
 
-  // Eviction (layer 1 decides which tokens, the cache applies it). Whether this cache can
-  // evict: OK, or FailedPrecondition naming why not (a layer whose codec encodes several
-  // tokens per unit, or a recent window: their tokens cannot leave one by one).
-  absl::Status CheckCanEvict() const;
-  // Called for every kept key while it moves: its F32 value (Hadamard rotation undone), its
-  // logical index before and after. It may change the key (re-assigning RoPE positions); the
-  // key is then re-encoded. Not set: keys move as stored bytes, bit for bit.
+  // Eviction (layer 1 decides which tokens, the cache applies it), in every layout and with
+  // every codec. Called for every kept key while it moves: its F32 value (Hadamard rotation
+  // undone), its logical index before and after. It may change the key (re-assigning RoPE
+  // positions); the key is then re-encoded. Not set: keys move as stored bytes, bit for bit.
   using KeyRewrite = std::function<void(int old_index, int new_index, std::span<float> key)>;
   // Keeps only the logical tokens `keep` (ascending, distinct, < HeadTokens) of one kv head in
   // one layer: they become logical [0, keep.size()) in order, every other token of that head is
@@ -117,7 +114,11 @@ class KvCache {
   // written token logical_begin + j at its logical n - (NumTokens - logical_begin) + j.
   // A ring's heads stop growing once it is full (its oldest tokens go instead), so there a
   // head must keep at least sink_tokens + 1 tokens (its newest stays visible).
-  // Errors: CheckCanEvict's; InvalidArgument for a bad keep list; ResourceExhausted when
+  // One-token units move as bytes. Units of several tokens (KIVI keys, int4 groups longer than
+  // a row) and a recent window cannot lose one token: from the period holding the first moved
+  // token on, the kept tokens are decoded and encoded again in their new periods (re-rounded;
+  // tokens still pending stay exact F32).
+  // Errors: InvalidArgument for a bad keep list; ResourceExhausted when
   // shared blocks must be copied and too few are free; nothing changes on error.
   absl::Status RetainTokens(SeqId seq_id, int layer_idx, int kv_head, std::span<const int> keep,
                             const KeyRewrite& rewrite = nullptr);

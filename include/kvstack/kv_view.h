@@ -52,6 +52,15 @@ struct KvArenaView {
   }
 };
 
+// Tokens [0, EncodedTokens) of a head holding n tokens are encoded in the arena; the rest wait
+// in F32 (the pending segment): tokens older than the newest `recent` are encoded in whole
+// periods of `period` tokens (the lcm of the key and value unit lengths), the others wait.
+// period 1 and recent 0: every token is encoded as it arrives.
+inline int EncodedTokens(int n, int period, int recent) {
+  const int settled = n - recent;
+  return settled <= 0 ? 0 : settled - settled % period;
+}
+
 // Full-precision (F32) tokens kept outside the arenas.
 struct KvF32Segment {
   const float* k = nullptr;  // [num_kv_heads][stride_tokens][head_dim]
@@ -92,9 +101,13 @@ struct KvLayerView {
   bool keys_rotated = false;
   // Tokens each kv head holds. An eviction policy (layer 1) may keep different tokens, and
   // different numbers of them, per kv head: head h's logical tokens are [0, head_tokens[h])
-  // (each <= num_tokens). Empty: every head holds num_tokens. A cache only evicts layers
-  // without a pending segment, and never evicts sinks, so heads differ only in the arena.
+  // (each <= num_tokens). Empty: every head holds num_tokens. A cache never evicts sinks, so
+  // heads share the sinks segment; each head's pending segment follows its own count (the rule
+  // of EncodedTokens with pending_period and pending_recent; HeadView applies it), and the
+  // pending segment above describes a head holding num_tokens.
   std::span<const int32_t> head_tokens;
+  int pending_period = 1;  // the layer's period: lcm of the key and value unit lengths
+  int pending_recent = 0;  // tokens kept in F32 after the last whole period (KIVI's residual)
   // The cache's kv head that this view's head 0 is (non-zero in a HeadView): codecs with
   // per-head parameters (low-rank bases) are called with first_kv_head + h.
   int first_kv_head = 0;
@@ -125,6 +138,9 @@ struct KvLayerView {
       seg->end = std::min(seg->end, n);
       seg->begin = std::min(seg->begin, seg->end);
     }
+    // Sinks win where the two overlap: a sink is never also pending.
+    one.pending.begin =
+        std::max(one.sinks.end, std::min(n, EncodedTokens(n, pending_period, pending_recent)));
     return one;
   }
 

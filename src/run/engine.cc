@@ -106,7 +106,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const LlamaModel& model,
   }
   KVS_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
                        KvCache::Create(CacheOptionsFor(model, resolved.kv)));
-  if (evictor != nullptr) KVS_RETURN_IF_ERROR(cache->CheckCanEvict());
   return std::unique_ptr<Engine>(new Engine(model, resolved, std::move(cache), std::move(evictor)));
 }
 
@@ -120,7 +119,6 @@ absl::StatusOr<std::unique_ptr<Evictor>> Engine::CreateEvictor(const LlamaModel&
   probe_config.max_sequences = 1;
   KVS_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> probe,
                        KvCache::Create(CacheOptionsFor(model, probe_config)));
-  KVS_RETURN_IF_ERROR(probe->CheckCanEvict());
   KVS_ASSIGN_OR_RETURN(std::unique_ptr<Evictor> evictor,
                        Evictor::Create(model.hparams(), model.gguf().ContentHash(), resolved.kv,
                                        resolved.context_tokens, probe->bytes_per_token()));

@@ -258,11 +258,13 @@ absl::StatusOr<SeqId> KvCache::ForkSequence(SeqId seq_id) {
   child.first_slot = parent.first_slot;
   child.num_appended = parent.num_appended;
   if (impl_->paged()) {
-    // Blocks that every head has filled never change again (appends only go past them), so
-    // sharing them is safe; the rest will receive the next tokens of both sequences (a head
-    // that kept fewer tokens after an eviction appends inside earlier blocks), so each
-    // sequence needs its own. RetainTokens copies shared blocks before it moves rows.
-    const size_t num_full = static_cast<size_t>(impl_->MinHeadTokens(parent) / impl_->block_size);
+    // Blocks that every head has filled with encoded units never change again (appends only
+    // go past them), so sharing them is safe; the rest will receive the next tokens or units of
+    // both sequences (a head that kept fewer tokens after an eviction appends inside earlier
+    // blocks, and pending tokens are encoded later), so each sequence needs its own.
+    // RetainTokens copies shared blocks before it moves rows.
+    const size_t num_full =
+        static_cast<size_t>(impl_->MinEncodedTokens(parent) / impl_->block_size);
     const size_t num_copied = parent.block_table.size() - num_full;
     if (static_cast<int64_t>(num_copied) > impl_->pool.num_free()) {
       return absl::ResourceExhaustedError(

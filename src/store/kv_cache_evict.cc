@@ -1,12 +1,18 @@
 // KvCache::RetainTokens: the cache's side of eviction. Layer 1 (src/select) decides which
 // tokens one (layer, kv head) keeps; here the kept rows move forward, in logical order, to
 // logical [0, kept), in whatever layout the cache has (the slot of a logical token is the one
-// kv_view.h defines, so contiguous, paged and ring move alike). Since `keep` is ascending, a
-// row's source is never a row an earlier move wrote, so the moves are safe in place.
+// kv_view.h defines, so contiguous, paged and ring move alike).
 //
-// Only one-token units can leave one at a time, so CheckCanEvict refuses codecs that group
-// tokens and KIVI's recent window; with those refused there is never a pending segment, and
-// sinks (logical [0, S), always kept) never move, so their F32 copies stay valid. Moves change
+// Two ways to move, by what a layer stores:
+// - one-token units, nothing pending: rows move as bytes (bit for bit, re-encoded only when a
+//   rewrite changes the key). Since `keep` is ascending, a row's source is never a row an
+//   earlier move wrote, so the moves are safe in place.
+// - units of several tokens (KIVI keys, int4 groups longer than a row) or a recent window:
+//   a unit cannot lose one token, so from the period holding the first moved token on, the
+//   kept tokens are read in F32 (sink copies, decoded units, pending rows), and written back:
+//   whole periods below the head's new encoded end are encoded again, the rest wait in the
+//   pending buffer. Tokens that were encoded are re-rounded when encoded again.
+// Sinks (logical [0, S), always kept) never move, so their F32 copies stay valid. Moves change
 // rows only of this head, but blocks are shared by all heads and layers: a block shared with a
 // forked sequence is copied first, and blocks above the new NumTokens are returned to the pool.
 #include <algorithm>
@@ -22,31 +28,8 @@
 
 namespace kvstack {
 
-absl::Status KvCache::CheckCanEvict() const {
-  for (int layer_idx = 0; layer_idx < num_layers(); ++layer_idx) {
-    const Impl::Layer& layer = impl_->layers[layer_idx];
-    for (const Codec* codec : {layer.k_codec.get(), layer.v_codec.get()}) {
-      if (codec->group_tokens() == 1) continue;
-      return absl::FailedPreconditionError(absl::StrCat(
-          "kv cache: cannot evict tokens: codec '", std::string(codec->name()), "' (layer ",
-          layer_idx, " ", codec == layer.k_codec.get() ? "keys" : "values", ") encodes ",
-          codec->group_tokens(),
-          " tokens per unit, which cannot leave one at a time; allowed: codecs with one-token "
-          "units"));
-    }
-  }
-  if (impl_->recent_tokens() > 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "kv cache: cannot evict tokens with recent_tokens ", impl_->recent_tokens(),
-        ": the recent window holds the newest tokens in F32 until whole units fill, so they "
-        "cannot leave one at a time; allowed: recent_tokens 0"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status KvCache::RetainTokens(SeqId seq_id, int layer_idx, int kv_head,
                                    std::span<const int> keep, const KeyRewrite& rewrite) {
-  KVS_RETURN_IF_ERROR(CheckCanEvict());
   auto it = impl_->sequences.find(seq_id);
   if (it == impl_->sequences.end()) {
     return absl::InvalidArgumentError(absl::StrCat("kv cache: no sequence with id ", seq_id));
@@ -93,25 +76,54 @@ absl::Status KvCache::RetainTokens(SeqId seq_id, int layer_idx, int kv_head,
   const int new_num_tokens = *std::max_element(counts.begin(), counts.end());
   int first_moved = 0;  // rows before it keep their place
   while (first_moved < num_kept && keep[first_moved] == first_moved) ++first_moved;
-  // Paged: blocks above the new maximum are freed; the rows from first_moved on change, and
-  // the next appends of this head write right above its new count, so every remaining block
-  // from the one holding first_moved must be this sequence's own (copy-on-write).
+  const Impl::Layer& layer = impl_->layers[layer_idx];
+  const bool through_f32 = impl_->PendingRows(layer) > 0;
+  // Rows from first_written on change now or with this head's next appends and encodes: those
+  // above the new count, and in a pending layer those from its new encoded end (tokens that
+  // were encoded may wait in F32 again) and the whole period holding first_moved.
+  const int first_written = through_f32 ? std::min(first_moved / layer.period * layer.period,
+                                                   impl_->EncodedEnd(layer, num_kept))
+                                        : first_moved;
+  // Paged: blocks above the new maximum are freed, and every remaining block from the one
+  // holding first_written must be this sequence's own (copy-on-write).
   const size_t blocks_kept =
       impl_->paged()
           ? static_cast<size_t>((new_num_tokens + impl_->block_size - 1) / impl_->block_size)
           : seq.block_table.size();
-  const size_t first_written = std::min(
-      blocks_kept, static_cast<size_t>(first_moved) / static_cast<size_t>(impl_->block_size));
-  const int num_copies = impl_->NumShared(seq, first_written, blocks_kept);
+  const size_t first_written_block = std::min(
+      blocks_kept, static_cast<size_t>(first_written) / static_cast<size_t>(impl_->block_size));
+  const int num_copies = impl_->NumShared(seq, first_written_block, blocks_kept);
   if (num_copies > impl_->pool.num_free()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "kv cache: cannot evict in sequence ", seq_id, ": ", num_copies,
         " shared blocks must be copied first and only ", impl_->pool.num_free(), " are free"));
   }
 
-  impl_->Unshare(seq, first_written, blocks_kept);
-  Impl::Layer& layer = impl_->layers[layer_idx];
+  impl_->Unshare(seq, first_written_block, blocks_kept);
   const KvLayerView view = View(seq_id, layer_idx);  // after the copies: their block ids
+  if (through_f32) {
+    impl_->RewriteThroughF32(seq, layer_idx, view, kv_head, keep, first_written, first_moved,
+                             rewrite);
+  } else {
+    impl_->MoveRows(layer_idx, view, kv_head, keep, first_moved, rewrite);
+  }
+
+  // Back to the compact form once every head holds the maximum again.
+  const bool uniform =
+      std::all_of(counts.begin(), counts.end(), [&](int32_t n) { return n == new_num_tokens; });
+  seq.head_tokens = uniform ? std::vector<int32_t>() : std::move(counts);
+  seq.num_tokens = new_num_tokens;
+  while (seq.block_table.size() > blocks_kept) {
+    impl_->pool.Unref(seq.block_table.back());
+    seq.block_table.pop_back();
+  }
+  return absl::OkStatus();
+}
+
+void KvCache::Impl::MoveRows(int layer_idx, const KvLayerView& view, int kv_head,
+                             std::span<const int> keep, int first_moved,
+                             const KeyRewrite& rewrite) {
+  Layer& layer = layers[layer_idx];
   // The mutable bytes of one row: the view's const address, offset into this layer's arena.
   auto row_of = [&](const ArenaPtr& arena, const KvArenaView& arena_view, int logical) {
     std::byte* row = nullptr;
@@ -121,11 +133,11 @@ absl::Status KvCache::RetainTokens(SeqId seq_id, int layer_idx, int kv_head,
     return row;
   };
   const Codec& k_codec = *layer.k_codec;
-  const bool rotated = impl_->options.config.hadamard_keys;
+  const bool rotated = options.config.hadamard_keys;
   // A joint (latent) unit holds the value too: it moves, and is re-encoded, with the key.
   const bool joint = layer.joint();
-  std::vector<float> key(impl_->options.head_dim), value(impl_->options.head_dim);
-  for (int i = first_moved; i < num_kept; ++i) {
+  std::vector<float> key(options.head_dim), value(options.head_dim);
+  for (int i = first_moved; i < static_cast<int>(keep.size()); ++i) {
     std::byte* k_src = row_of(layer.k, view.k, keep[i]);
     std::byte* k_dst = row_of(layer.k, view.k, i);
     if (rewrite) {
@@ -148,17 +160,86 @@ absl::Status KvCache::RetainTokens(SeqId seq_id, int layer_idx, int kv_head,
       std::memcpy(row_of(layer.v, view.v, i), row_of(layer.v, view.v, keep[i]), view.v.unit_bytes);
     }
   }
+}
 
-  // Back to the compact form once every head holds the maximum again.
-  const bool uniform =
-      std::all_of(counts.begin(), counts.end(), [&](int32_t n) { return n == new_num_tokens; });
-  seq.head_tokens = uniform ? std::vector<int32_t>() : std::move(counts);
-  seq.num_tokens = new_num_tokens;
-  while (seq.block_table.size() > blocks_kept) {
-    impl_->pool.Unref(seq.block_table.back());
-    seq.block_table.pop_back();
+void KvCache::Impl::RewriteThroughF32(Sequence& seq, int layer_idx, const KvLayerView& view,
+                                      int kv_head, std::span<const int> keep, int first_written,
+                                      int first_moved, const KeyRewrite& rewrite) {
+  const Layer& layer = layers[layer_idx];
+  SideBuffers& side = seq.layers[layer_idx];
+  const size_t head_dim = static_cast<size_t>(options.head_dim);
+  const int num_kept = static_cast<int>(keep.size());
+  // Where each kept token is now: the head's segments before the move.
+  const KvLayerView head = view.HeadView(kv_head);
+  const int pending_rows = PendingRows(layer);
+  auto pending_row = [&](std::vector<float>& buffer, int logical) {
+    return buffer.data() +
+           (static_cast<size_t>(kv_head) * pending_rows + logical % pending_rows) * head_dim;
+  };
+  // One arena's decoded unit, kept while consecutive sources fall in it (they ascend).
+  struct DecodedUnit {
+    const KvArenaView* arena;
+    std::vector<float> rows;
+    int first = -1;
+    const float* Row(const KvLayerView& v, int kv_head, int logical) {
+      const int unit_first = logical - logical % arena->group_tokens;
+      if (unit_first != first) {
+        const int slot = v.first_slot + unit_first;
+        const int row = slot % v.block_size;
+        rows.resize(static_cast<size_t>(arena->group_tokens) * v.head_dim);
+        arena->codec_impl->DecodeHead(
+            kv_head,
+            {arena->Unit(v.block_table[slot / v.block_size], row / arena->group_tokens, kv_head),
+             arena->unit_bytes},
+            rows);
+        first = unit_first;
+      }
+      return rows.data() + static_cast<size_t>(logical - first) * v.head_dim;
+    }
+  };
+  DecodedUnit k_unit{&view.k, {}, -1}, v_unit{&view.v, {}, -1};
+
+  // Gather the kept tokens [first_written, num_kept) in F32 (keys rotated as stored).
+  const size_t num_rows = static_cast<size_t>(num_kept - first_written);
+  std::vector<float> k_rows(num_rows * head_dim), v_rows(num_rows * head_dim);
+  for (int i = first_written; i < num_kept; ++i) {
+    const int src = keep[i];
+    const float* k_src;
+    const float* v_src;
+    if (src < head.sinks.end) {
+      k_src = head.sinks.KRow(src, 0, options.head_dim);
+      v_src = head.sinks.VRow(src, 0, options.head_dim);
+    } else if (src >= head.pending.begin) {
+      k_src = pending_row(side.pending_k, src);
+      v_src = pending_row(side.pending_v, src);
+    } else {
+      k_src = k_unit.Row(view, kv_head, src);
+      v_src = v_unit.Row(view, kv_head, src);
+    }
+    const size_t dst = static_cast<size_t>(i - first_written) * head_dim;
+    std::copy_n(k_src, head_dim, k_rows.begin() + dst);
+    std::copy_n(v_src, head_dim, v_rows.begin() + dst);
+    if (rewrite && i >= first_moved) {  // as in MoveRows: the callback sees the unrotated key
+      const std::span<float> key = std::span(k_rows).subspan(dst, head_dim);
+      if (options.config.hadamard_keys) HadamardRotate(key);
+      rewrite(src, i, key);
+      if (options.config.hadamard_keys) HadamardRotate(key);
+    }
   }
-  return absl::OkStatus();
+
+  // Write them back: whole periods below the new encoded end into units, the rest pending.
+  const int encoded_end = EncodedEnd(layer, num_kept);
+  const size_t period_floats = static_cast<size_t>(layer.period) * head_dim;
+  for (int first = first_written; first < encoded_end; first += layer.period) {
+    const size_t offset = static_cast<size_t>(first - first_written) * head_dim;
+    EncodePeriod(layer_idx, view, kv_head, first, std::span(k_rows).subspan(offset, period_floats),
+                 std::span(v_rows).subspan(offset, period_floats));
+  }
+  for (int i = std::max(first_written, encoded_end); i < num_kept; ++i) {
+    const size_t src = static_cast<size_t>(i - first_written) * head_dim;
+    std::copy_n(k_rows.begin() + src, head_dim, pending_row(side.pending_k, i));
+    std::copy_n(v_rows.begin() + src, head_dim, pending_row(side.pending_v, i));
+  }
 }
 
 }  // namespace kvstack

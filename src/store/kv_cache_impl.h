@@ -103,13 +103,6 @@ struct KvCache::Impl {
     return std::span(seq.head_tokens)
         .subspan(static_cast<size_t>(layer_idx) * options.num_kv_heads, options.num_kv_heads);
   }
-  // The fewest tokens any (layer, kv head) holds. Blocks holding slots at or above it may be
-  // written by the next append, so only blocks below it may be shared between sequences.
-  int MinHeadTokens(const Sequence& seq) const {
-    if (seq.head_tokens.empty()) return seq.num_tokens;
-    return *std::min_element(seq.head_tokens.begin(), seq.head_tokens.end());
-  }
-
   KvArenaView ArenaView(const ArenaPtr& arena, const Codec& codec, size_t block_stride) const {
     return KvArenaView{
         .base = arena.get(),
@@ -130,10 +123,42 @@ struct KvCache::Impl {
   // Logical tokens [0, EncodedEnd) of a sequence of num_tokens are in the arena; the rest wait
   // in the pending buffer (whole units older than the recent window are encoded).
   int EncodedEnd(const Layer& layer, int num_tokens) const {
-    if (PendingRows(layer) == 0) return num_tokens;
-    const int settled = num_tokens - recent_tokens();
-    return settled <= 0 ? 0 : settled - settled % layer.period;
+    return EncodedTokens(num_tokens, layer.period, recent_tokens());
   }
+  // The fewest tokens any (layer, kv head) of the sequence holds encoded. Blocks below it
+  // never change again while the heads only grow (appends write above it), so only they may
+  // be shared between sequences.
+  int MinEncodedTokens(const Sequence& seq) const {
+    int fewest = seq.num_tokens;
+    for (size_t layer_idx = 0; layer_idx < layers.size(); ++layer_idx) {
+      const std::span<const int32_t> counts = HeadTokensOf(seq, static_cast<int>(layer_idx));
+      const int held =
+          counts.empty() ? seq.num_tokens : *std::min_element(counts.begin(), counts.end());
+      fewest = std::min(fewest, EncodedEnd(layers[layer_idx], held));
+    }
+    return fewest;
+  }
+  // Encodes one period of kv head `kv_head` (logical tokens [first, first + layer.period) of
+  // the sequence `view` shows, `first` a multiple of the period) from F32 rows, keys rotated
+  // as stored ([period][head_dim] each), into its units in the layer's arenas. The rows of
+  // sink tokens (logical < sink_tokens: read from their F32 copies, never from the arena) are
+  // first replaced by the period's last row, so that their often extreme values do not widen
+  // the scales the other tokens share: the rows are scratch. Write encodes a period when it
+  // leaves the recent window; RetainTokens re-encodes those its moves change.
+  void EncodePeriod(int layer_idx, const KvLayerView& view, int kv_head, int first,
+                    std::span<float> k_rows, std::span<float> v_rows);
+
+  // The two ways RetainTokens moves the kept tokens of one (layer, kv head) to logical
+  // [0, keep.size()) (kv_cache_evict.cc): as bytes, row by row (layers of one-token units and
+  // nothing pending), or through F32 from first_written on (a multiple of the period), whole
+  // periods re-encoded and the rest pending. `view` shows the sequence before the move (counts
+  // unchanged); rewrite, when set, changes keys from first_moved on.
+  void MoveRows(int layer_idx, const KvLayerView& view, int kv_head, std::span<const int> keep,
+                int first_moved, const KeyRewrite& rewrite);
+  void RewriteThroughF32(Sequence& seq, int layer_idx, const KvLayerView& view, int kv_head,
+                         std::span<const int> keep, int first_written, int first_moved,
+                         const KeyRewrite& rewrite);
+
   // Empty side buffers of the right sizes for a new sequence.
   std::vector<SideBuffers> NewSideBuffers() const {
     const size_t row_floats = static_cast<size_t>(options.num_kv_heads) * options.head_dim;

@@ -2,9 +2,10 @@
 // A written token lands in up to three places of its (sequence, layer): the F32 sink buffer
 // if it is one of the first sink_tokens tokens, the arena (encoded), and for codecs whose
 // units hold several tokens the F32 pending buffer, from which the whole unit is encoded once
-// its last token arrives. View() tells readers which logical range each segment holds. After
-// an eviction a head may hold fewer tokens than the sequence: its new tokens are still its
-// newest, so it stores them lower down (see KvCache::RetainTokens).
+// it leaves the recent window. View() tells readers which logical range each segment holds.
+// After an eviction a head may hold fewer tokens than the sequence: its new tokens are still
+// its newest, so it stores them lower down, in the arena and in the pending buffer alike (see
+// KvCache::RetainTokens).
 #include <algorithm>
 #include <span>
 #include <vector>
@@ -36,52 +37,30 @@ void KvCache::Write(SeqId seq_id, int layer_idx, int logical_begin, std::span<co
   auto v_unit = [&](int32_t block_id, int unit_idx, int kv_head) {
     return layer.v_arena().get() + (view.v.Unit(block_id, unit_idx, kv_head) - view.v.base);
   };
-  const int period = layer.period;
   const int sink_tokens = impl_->sink_tokens();
   const bool rotate = impl_->options.config.hadamard_keys;
-  // Absolute position of logical token 0 (non-zero only in a wrapped ring): tells which of
-  // the tokens written are sinks.
+  // Absolute position of logical token 0 (non-zero in a wrapped ring, and after an eviction
+  // shortened every head): tells which of the tokens written are sinks.
   const int64_t position_offset = seq.num_appended - seq.num_tokens;
   std::vector<float> rotated(rotate ? head_dim : 0);
   const int pending_rows = impl_->PendingRows(layer);
+  // A head that kept fewer tokens after an eviction lags NumTokens' numbering by its shift:
+  // the new tokens are its newest.
+  auto shift_of = [&](int h) { return view.num_tokens - view.HeadTokens(h); };
 
-  // Called after the token that makes `num_written` tokens: when that moves the end of the
-  // encoded range, the one unit period that left the recent window is encoded from the
-  // pending buffer into the arena (P / Tk key units and P / Tv value units of every head,
-  // consecutive in one block: block_size is a multiple of the period).
-  auto EncodeSettledUnit = [&](int num_written) {
+  // Called after head h's token that makes it hold `num_written` tokens: when that moves the
+  // end of its encoded range, the one period that left the recent window is encoded from the
+  // pending buffer into the arena. The pending buffer's rows are a multiple of the period, so
+  // a period's rows are consecutive there.
+  auto EncodeSettledPeriod = [&](int h, int num_written) {
     const int settled = num_written - impl_->recent_tokens();
-    if (settled <= 0 || settled % period != 0) return;
-    const int unit_first = settled - period;
-    const int slot = view.first_slot + unit_first;  // non-ring: no wrap
-    const int32_t block_id = view.block_table[slot / view.block_size];
-    const int first_row = slot % view.block_size;
-    const size_t head_floats = static_cast<size_t>(pending_rows) * head_dim;
-    const size_t unit_offset = static_cast<size_t>(unit_first % pending_rows) * head_dim;
-    const size_t period_floats = static_cast<size_t>(period) * head_dim;
-    // Sink tokens are read from their F32 copies, never from the arena; keeping their (often
-    // extreme) values out of the unit keeps them from widening the scales the other tokens of
-    // the unit share. They are replaced by the unit's last token.
-    const int64_t first_pos = position_offset + unit_first;
-    const int num_sink_rows =
-        static_cast<int>(std::clamp<int64_t>(sink_tokens - first_pos, 0, period - 1));
-    for (int h = 0; h < view.num_kv_heads; ++h) {
-      const std::span<float> pending_k =
-          std::span(side.pending_k).subspan(h * head_floats + unit_offset, period_floats);
-      const std::span<float> pending_v =
-          std::span(side.pending_v).subspan(h * head_floats + unit_offset, period_floats);
-      for (int r = 0; r < num_sink_rows; ++r) {
-        std::copy_n(pending_k.end() - head_dim, head_dim, pending_k.begin() + r * head_dim);
-        std::copy_n(pending_v.end() - head_dim, head_dim, pending_v.begin() + r * head_dim);
-      }
-      const int k_tokens = view.k.group_tokens;
-      const int v_tokens = view.v.group_tokens;
-      layer.EncodeHead(h, pending_k, pending_v,
-                       {k_unit(block_id, first_row / k_tokens, h),
-                        static_cast<size_t>(period / k_tokens) * view.k.unit_bytes},
-                       {v_unit(block_id, first_row / v_tokens, h),
-                        static_cast<size_t>(period / v_tokens) * view.v.unit_bytes});
-    }
+    if (settled <= 0 || settled % layer.period != 0) return;
+    const int first = settled - layer.period;
+    const size_t offset = (static_cast<size_t>(h) * pending_rows + first % pending_rows) * head_dim;
+    const size_t period_floats = static_cast<size_t>(layer.period) * head_dim;
+    impl_->EncodePeriod(layer_idx, view, h, first,
+                        std::span(side.pending_k).subspan(offset, period_floats),
+                        std::span(side.pending_v).subspan(offset, period_floats));
   };
 
   // Token t's key row for head h, rotated when the config asks for it.
@@ -98,7 +77,7 @@ void KvCache::Write(SeqId seq_id, int layer_idx, int logical_begin, std::span<co
   };
 
   // The F32 side buffers, token by token: sink copies (by absolute position), and the pending
-  // buffer, from which a unit is encoded once its last token is in.
+  // buffer, from which a period is encoded once it leaves the recent window.
   for (int t = 0; t < num_tokens; ++t) {
     const int logical = logical_begin + t;
     const int64_t pos = position_offset + logical;
@@ -112,24 +91,27 @@ void KvCache::Write(SeqId seq_id, int layer_idx, int logical_begin, std::span<co
         std::copy(v_row.begin(), v_row.end(), side.sink_v.begin() + dst);
       }
       if (pending_rows > 0) {
-        // The pending buffer (circular, row = logical % pending_rows) is also the gather
+        // The pending buffer (circular, row = head logical % pending_rows) is also the gather
         // buffer: a unit needs one head's tokens contiguous, the input interleaves heads.
+        const int head_logical = logical - shift_of(h);
         const size_t dst =
-            (static_cast<size_t>(h) * pending_rows + logical % pending_rows) * head_dim;
+            (static_cast<size_t>(h) * pending_rows + head_logical % pending_rows) * head_dim;
         std::copy(k_row.begin(), k_row.end(), side.pending_k.begin() + dst);
         std::copy(v_row.begin(), v_row.end(), side.pending_v.begin() + dst);
       }
     }
-    if (pending_rows > 0) EncodeSettledUnit(logical + 1);
+    if (pending_rows > 0) {
+      for (int h = 0; h < view.num_kv_heads; ++h) EncodeSettledPeriod(h, logical + 1 - shift_of(h));
+    }
   }
   if (pending_rows > 0) return;
 
   // Encoded as they arrive, straight from the input, head by head: a head that kept fewer
   // tokens after an eviction lags NumTokens' numbering by `shift` (the new tokens are its
   // newest). Tokens below the shift are ones that head no longer holds (a ring that wrapped
-  // past them); they are not stored for it. Only layers without pending rows evict.
+  // past them); they are not stored for it.
   for (int h = 0; h < view.num_kv_heads; ++h) {
-    const int shift = view.num_tokens - view.HeadTokens(h);
+    const int shift = shift_of(h);
     const int begin = std::max(logical_begin, shift);
     const int end = logical_begin + num_tokens;
     if (begin >= end) continue;
@@ -182,7 +164,37 @@ KvLayerView KvCache::View(SeqId seq_id, int layer_idx) const {
                   .end = seq.num_tokens},
       .keys_rotated = impl_->options.config.hadamard_keys,
       .head_tokens = impl_->HeadTokensOf(seq, layer_idx),
+      .pending_period = layer.period,
+      .pending_recent = impl_->recent_tokens(),
   };
+}
+
+void KvCache::Impl::EncodePeriod(int layer_idx, const KvLayerView& view, int kv_head, int first,
+                                 std::span<float> k_rows, std::span<float> v_rows) {
+  Layer& layer = layers[layer_idx];
+  const int period = layer.period;
+  const size_t head_dim = static_cast<size_t>(view.head_dim);
+  KVS_DCHECK(first % period == 0);
+  KVS_DCHECK(k_rows.size() == period * head_dim && v_rows.size() == period * head_dim);
+  const int num_sink_rows = std::clamp(sink_tokens() - first, 0, period - 1);
+  for (int r = 0; r < num_sink_rows; ++r) {
+    std::copy_n(k_rows.end() - head_dim, head_dim, k_rows.begin() + r * head_dim);
+    std::copy_n(v_rows.end() - head_dim, head_dim, v_rows.begin() + r * head_dim);
+  }
+  // Non-ring layouts only (the ring has one-token units and no recent window): no wrap, and a
+  // period never straddles blocks (block_size is a multiple of it).
+  const int slot = view.first_slot + first;
+  const int32_t block_id = view.block_table[slot / view.block_size];
+  const int first_row = slot % view.block_size;
+  const int k_tokens = view.k.group_tokens;
+  const int v_tokens = view.v.group_tokens;
+  std::byte* k_dst =
+      layer.k.get() + (view.k.Unit(block_id, first_row / k_tokens, kv_head) - view.k.base);
+  std::byte* v_dst =
+      layer.v_arena().get() + (view.v.Unit(block_id, first_row / v_tokens, kv_head) - view.v.base);
+  layer.EncodeHead(kv_head, k_rows, v_rows,
+                   {k_dst, static_cast<size_t>(period / k_tokens) * view.k.unit_bytes},
+                   {v_dst, static_cast<size_t>(period / v_tokens) * view.v.unit_bytes});
 }
 
 }  // namespace kvstack

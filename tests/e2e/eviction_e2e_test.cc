@@ -100,6 +100,36 @@ TEST(EvictionE2E, EveryPolicyLayoutAndCodecStaysWithinItsBudget) {
   }
 }
 
+// Codecs whose units group tokens (KIVI keys over 32 tokens, int4 groups of 16 elements =
+// 2 tokens of head_dim 8) and KIVI's F32 recent window evict too: their kept tokens are
+// re-encoded in their new units.
+TEST(EvictionE2E, UnitsOfSeveralTokensAndRecentWindowsEvictWithinTheBudget) {
+  struct CodecCase {
+    std::string k_codec, v_codec;
+    int recent_tokens;
+  };
+  const CodecCase codecs[] = {
+      {"kivi4", "int4-g16", 0}, {"kivi2", "kivi2", 32}, {"int8", "int8", 16}};
+  for (const std::string policy : {"window", "h2o", "snapkv"}) {
+    for (const LayoutKind layout : {LayoutKind::kContiguous, LayoutKind::kPaged}) {
+      for (const CodecCase& codec : codecs) {
+        KvConfig kv = Evicting(policy, 64);
+        kv.layout = layout;
+        kv.block_size = 32;
+        kv.k_codec = codec.k_codec;
+        kv.v_codec = codec.v_codec;
+        kv.recent_tokens = codec.recent_tokens;
+        SCOPED_TRACE(kv.ToString());
+        auto engine = MakeEngine(kv, 200, 8);
+        ASSERT_TRUE(engine.ok()) << engine.status();
+        const std::vector<float> logits = RunChecked(**engine, Text(200), 8, 64);
+        ASSERT_FALSE(logits.empty());
+        for (float l : logits) ASSERT_TRUE(std::isfinite(l));
+      }
+    }
+  }
+}
+
 TEST(EvictionE2E, AdaptiveHeadsAndPyramidLayersStayWithinTheirBudgets) {
   KvConfig kv = Evicting("h2o", 32);
   kv.layer_budget = "pyramid";
@@ -218,13 +248,6 @@ TEST(EvictionE2E, BadConfigurationsFailWithOneLine) {
   no_budget.policy = "h2o";
   expect_error(no_budget, 64, "needs a budget");
   expect_error(Evicting("h2o", 128), 64, "more than the context");
-  KvConfig kivi = Evicting("window", 32);
-  kivi.k_codec = "kivi4";
-  expect_error(kivi, 64, "kivi4");
-  KvConfig recent = Evicting("window", 32);
-  recent.recent_tokens = 16;
-  recent.k_codec = "int4-g8";
-  expect_error(recent, 64, "recent");
   KvConfig duo = Evicting("duo", 32);
   expect_error(duo, 64, "head profile");
   // A head profile measured on another model.

@@ -23,6 +23,7 @@
 #include "cache_test_util.h"
 #include "kvstack/kv_cache.h"
 #include "kvstack/kv_profile.h"
+#include "packed_test_codec.h"
 #include "represent/hadamard.h"
 
 namespace kvstack {
@@ -61,6 +62,7 @@ struct CacheCase {
   int recent_tokens = 0;
   bool hadamard = false;
   int max_sequences = 2;
+  PackedNames packed = {};  // codec names served by the lossless PackedF32Codec
 };
 
 // A calibration profile of random rows for the low-rank codec, written once per process.
@@ -100,6 +102,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> TryMakeCache(const CacheCase& c) {
   options.config.recent_tokens = c.recent_tokens;
   options.config.hadamard_keys = c.hadamard;
   if (c.codec.starts_with("lowrank")) options.config.profile = ProfilePath();
+  if (!c.packed.empty()) options.codec_factory = Factory(c.packed);
   return KvCache::Create(options);
 }
 
@@ -152,37 +155,52 @@ void AppendBoth(KvCache& cache, SeqId seq_id, int num_new, std::mt19937& rng, Hi
   model->Append(first_id, num_new);
 }
 
-// A row as the cache stores it: rotated when keys are, then through the codec of kv head h
-// (sinks are kept as the rotated F32 row).
+// A row as the cache stores it: rotated when keys are, then (in the arena) through the codec
+// of kv head h. Sinks and pending tokens are kept as the rotated F32 row, and so are tokens in
+// units of several rows: the suites use only the lossless PackedF32Codec for those.
 std::vector<float> Stored(const Codec& codec, int kv_head, std::span<const float> row, bool rotate,
-                          bool sink) {
+                          bool f32) {
   std::vector<float> x(row.begin(), row.end());
   if (rotate) HadamardRotate(x);
-  if (sink) return x;
+  if (f32 || codec.group_tokens() > 1) return x;
   std::vector<std::byte> bytes(codec.unit_bytes());
   codec.EncodeHead(kv_head, x, bytes);
   codec.DecodeHead(kv_head, bytes, x);
   return x;
 }
 
-// One head's logical token i as attention reads it, keys and values.
-std::pair<std::vector<float>, std::vector<float>> ReadToken(const KvLayerView& view, int kv_head,
-                                                            int i) {
-  std::vector<float> k(kDim), v(kDim);
-  if (i < view.sinks.end) {
-    std::copy_n(view.sinks.KRow(i, kv_head, kDim), kDim, k.begin());
-    std::copy_n(view.sinks.VRow(i, kv_head, kDim), kDim, v.begin());
-    return {k, v};
+// One head's logical token i as attention reads it, keys and values, from the segment that
+// holds it in that head's view: sinks, pending (F32), or the arena (its whole unit decoded).
+// Also says whether it came from an F32 segment.
+struct ReadRows {
+  std::vector<float> k, v;
+  bool f32 = false;
+};
+ReadRows ReadToken(const KvLayerView& view, int kv_head, int i) {
+  const KvLayerView one = view.HeadView(kv_head);
+  ReadRows read{std::vector<float>(kDim), std::vector<float>(kDim)};
+  const KvF32Segment* segment = i < one.sinks.end        ? &one.sinks
+                                : i >= one.pending.begin ? &one.pending
+                                                         : nullptr;
+  if (segment != nullptr) {
+    std::copy_n(segment->KRow(i, 0, kDim), kDim, read.k.begin());
+    std::copy_n(segment->VRow(i, 0, kDim), kDim, read.v.begin());
+    read.f32 = true;
+    return read;
   }
-  const int slot = (view.first_slot + i) % view.num_slots();
-  const int32_t block_id = view.block_table[slot / view.block_size];
-  const int row = slot % view.block_size;
-  const int codec_head = view.first_kv_head + kv_head;
-  view.k.codec_impl->DecodeHead(codec_head, {view.k.Row(block_id, row, kv_head), view.k.unit_bytes},
-                                k);
-  view.v.codec_impl->DecodeHead(codec_head, {view.v.Row(block_id, row, kv_head), view.v.unit_bytes},
-                                v);
-  return {k, v};
+  const int slot = (one.first_slot + i) % one.num_slots();
+  const int32_t block_id = one.block_table[slot / one.block_size];
+  const int row = slot % one.block_size;
+  for (const bool key : {true, false}) {
+    const KvArenaView& arena = key ? one.k : one.v;
+    std::vector<float> unit(static_cast<size_t>(arena.group_tokens) * kDim);
+    arena.codec_impl->DecodeHead(
+        one.first_kv_head, {arena.Unit(block_id, row / arena.group_tokens, 0), arena.unit_bytes},
+        unit);
+    std::copy_n(unit.begin() + (row % arena.group_tokens) * kDim, kDim,
+                (key ? read.k : read.v).begin());
+  }
+  return read;
 }
 
 // Checks every head of every layer against the model, and the counts.
@@ -198,16 +216,24 @@ void ExpectHolds(const KvCache& cache, SeqId seq_id, const History& history, con
       ASSERT_EQ(view.HeadTokens(h), static_cast<int>(ids.size()));
       const KvLayerView one = view.HeadView(h);
       for (int i = 0; i < static_cast<int>(ids.size()); ++i) {
-        const bool sink = i < view.sinks.end;
-        const auto [k, v] = ReadToken(view, h, i);
-        EXPECT_EQ(k, Stored(cache.k_codec(layer_idx), h, history.KRow(layer_idx, ids[i], h, kDim),
-                            rotate, sink))
-            << "layer " << layer_idx << " head " << h << " logical " << i << " token " << ids[i];
-        EXPECT_EQ(v, Stored(cache.v_codec(layer_idx), h, history.VRow(layer_idx, ids[i], h, kDim),
-                            false, sink))
-            << "layer " << layer_idx << " head " << h << " logical " << i << " token " << ids[i];
+        const ReadRows read = ReadToken(view, h, i);
+        for (const bool key : {true, false}) {
+          const Codec& codec = key ? cache.k_codec(layer_idx) : cache.v_codec(layer_idx);
+          const std::span<const float> row = key ? history.KRow(layer_idx, ids[i], h, kDim)
+                                                 : history.VRow(layer_idx, ids[i], h, kDim);
+          const bool rotated = key && rotate;
+          const std::vector<float>& got = key ? read.k : read.v;
+          // A pending token that was encoded before an eviction sent it back to the pending
+          // rows holds its decoded row (one-token units decode to the same row again).
+          const bool as_written = got == Stored(codec, h, row, rotated, read.f32);
+          const bool as_decoded =
+              read.f32 && i >= view.sinks.end && got == Stored(codec, h, row, rotated, false);
+          EXPECT_TRUE(as_written || as_decoded)
+              << "layer " << layer_idx << " head " << h << " logical " << i << " token " << ids[i]
+              << (key ? " key" : " value");
+        }
         // The one-head view reads the same token.
-        EXPECT_EQ(ReadToken(one, 0, i).first, k) << "head view, logical " << i;
+        EXPECT_EQ(ReadToken(one, 0, i).k, read.k) << "head view, logical " << i;
       }
     }
   }
@@ -258,7 +284,6 @@ class EvictConformanceTest : public ::testing::TestWithParam<ConformanceParam> {
 TEST_P(EvictConformanceTest, KeptTokensMoveForwardAndAppendsLandNewest) {
   const auto& [layout, codec] = GetParam();
   std::unique_ptr<KvCache> cache = MakeCache({.layout = layout, .codec = codec});
-  ASSERT_TRUE(cache->CheckCanEvict().ok());
   const bool paged = layout.layout == LayoutKind::kPaged;
   const SeqId seq = *cache->AddSequence();
   std::mt19937 rng(11);
@@ -436,7 +461,9 @@ TEST_P(EvictLayoutTest, RewriteSeesFloatKeysAndItsChangesAreStored) {
       model.Retain(1, 0, keep);
       const KvLayerView view = cache->View(seq, 1);
       for (int i = 0; i < static_cast<int>(keep.size()); ++i) {
-        const auto [k, v] = ReadToken(view, 0, i);
+        const ReadRows read = ReadToken(view, 0, i);
+        const std::vector<float>& k = read.k;
+        const std::vector<float>& v = read.v;
         std::vector<float> want_k;
         if (i < 3) {
           want_k = Stored(cache->k_codec(1), 0, history.KRow(1, model.ids[1][0][i], 0, kDim),
@@ -599,40 +626,201 @@ TEST(EvictPagedTest, CopiesSharedBlocksOnWriteAndFreesTrimmedOnes) {
   ExpectBytesInUse(*cache, 2);
 }
 
-TEST(EvictRefusalTest, MultiTokenUnitsAndRecentWindowsCannotEvict) {
-  struct Refused {
-    CacheCase c;
-    std::string message;
+// ---- Units of several tokens and recent windows ------------------------------------------
+
+struct UnitsCase {
+  std::string name;
+  CacheCase c;
+};
+
+void PrintTo(const UnitsCase& units, std::ostream* os) { *os << units.name; }
+
+// Lossless packed units (every token read back must equal what was written, bit for bit) and
+// recent windows, in the contiguous and paged layouts (a ring needs one-token units and no
+// recent window).
+const LayoutCase kPaged4 = {"paged4", LayoutKind::kPaged, 4};
+const UnitsCase kUnitsCases[] = {
+    {"packed4k_packed2v_contiguous",
+     {.layout = kLayouts[0], .codec = "f32", .v_codec = "f16", .packed = {{"f32", 4}, {"f16", 2}}}},
+    {"packed8_sinks3_hadamard_paged16",
+     {.layout = kLayouts[1],
+      .codec = "f32",
+      .sink_tokens = 3,
+      .hadamard = true,
+      .packed = {{"f32", 8}}}},
+    {"packed4k_f16v_recent8_sinks2_paged4",
+     {.layout = kPaged4,
+      .codec = "f32",
+      .v_codec = "f16",
+      .sink_tokens = 2,
+      .recent_tokens = 8,
+      .packed = {{"f32", 4}}}},
+    {"int8_recent6_paged3", {.layout = kLayouts[2], .codec = "int8", .recent_tokens = 6}},
+};
+
+class EvictUnitsTest : public ::testing::TestWithParam<UnitsCase> {};
+
+TEST_P(EvictUnitsTest, KeptTokensMoveForwardThroughUnitsAndPendingRows) {
+  std::unique_ptr<KvCache> cache = MakeCache(GetParam().c);
+  const int sinks = GetParam().c.sink_tokens;
+  const SeqId seq = *cache->AddSequence();
+  std::mt19937 rng(91);
+  History history;
+  Model model = NewModel(*cache);
+  AppendBoth(*cache, seq, 7, rng, &history, &model);
+  AppendBoth(*cache, seq, 23, rng, &history, &model);
+  ExpectHolds(*cache, seq, history, model);
+  const int n = cache->NumTokens(seq);
+
+  // Single heads, in the middle of units, in the pending rows, and a pure truncation.
+  std::vector<int> prefix(n - 5);
+  std::iota(prefix.begin(), prefix.end(), 0);
+  for (const auto& [layer_idx, kv_head, keep] :
+       {std::tuple(0, 1, Spread(n, 3, 4, sinks)), std::tuple(1, 0, Spread(n, 2, 0, sinks)),
+        std::tuple(1, 1, prefix)}) {
+    ASSERT_TRUE(cache->RetainTokens(seq, layer_idx, kv_head, keep).ok());
+    model.Retain(layer_idx, kv_head, keep);
+    ExpectHolds(*cache, seq, history, model);
+  }
+  // Appends fill each head's units and pending rows at its own count.
+  for (const int num_new : {1, 5, 2}) {
+    AppendBoth(*cache, seq, num_new, rng, &history, &model);
+    ExpectHolds(*cache, seq, history, model);
+  }
+  // Retains again, every head, then appends past several periods.
+  for (int layer_idx = 0; layer_idx < kNumLayers; ++layer_idx) {
+    for (int h = 0; h < kNumKvHeads; ++h) {
+      const std::vector<int> keep =
+          Spread(cache->HeadTokens(seq, layer_idx, h), 2 + h + layer_idx, 3, sinks);
+      ASSERT_TRUE(cache->RetainTokens(seq, layer_idx, h, keep).ok());
+      model.Retain(layer_idx, h, keep);
+    }
+  }
+  ExpectHolds(*cache, seq, history, model);
+  AppendBoth(*cache, seq, 11, rng, &history, &model);
+  ExpectHolds(*cache, seq, history, model);
+
+  // A fork shares only what every head holds encoded; evictions in either leave the other.
+  const SeqId child = *cache->ForkSequence(seq);
+  History child_history = history;
+  Model child_model = model;
+  ASSERT_TRUE(
+      cache->RetainTokens(child, 0, 0, Spread(cache->HeadTokens(child, 0, 0), 3, 1, sinks)).ok());
+  child_model.Retain(0, 0, Spread(cache->HeadTokens(seq, 0, 0), 3, 1, sinks));
+  AppendBoth(*cache, child, 3, rng, &child_history, &child_model);
+  AppendBoth(*cache, seq, 2, rng, &history, &model);
+  ExpectHolds(*cache, seq, history, model);
+  ExpectHolds(*cache, child, child_history, child_model);
+}
+
+// The rewrite callback sees each moving key in F32 as stored (Hadamard undone), and what it
+// writes is what the cache then holds, in units and pending rows alike.
+TEST_P(EvictUnitsTest, RewrittenKeysAreStored) {
+  std::unique_ptr<KvCache> cache = MakeCache(GetParam().c);
+  const int sinks = GetParam().c.sink_tokens;
+  const bool hadamard = GetParam().c.hadamard;
+  const SeqId seq = *cache->AddSequence();
+  std::mt19937 rng(92);
+  History history;
+  Model model = NewModel(*cache);
+  AppendBoth(*cache, seq, 30, rng, &history, &model);
+  const std::vector<int> keep = Spread(30, 3, 5, sinks);
+  const std::vector<int> ids = model.ids[0][1];
+  std::vector<int> moved;
+  auto rewrite = [&](int old_index, int new_index, std::span<float> key) {
+    moved.push_back(new_index);
+    // The key as written (a pending token) or as its unit decodes it (an encoded one).
+    bool near_one = false;
+    for (const bool f32 : {true, false}) {
+      std::vector<float> want =
+          Stored(cache->k_codec(0), 1, history.KRow(0, ids[old_index], 1, kDim), hadamard, f32);
+      if (hadamard) HadamardRotate(want);
+      bool near = true;
+      for (int c = 0; c < kDim; ++c)
+        near &= std::fabs(key[c] - want[c]) <= 1e-5 * (1 + std::fabs(want[c]));
+      near_one |= near;
+    }
+    EXPECT_TRUE(near_one) << old_index;
+    for (int c = 0; c < kDim; ++c) key[c] = 0.5f * new_index - 0.25f * c;
   };
-  const LayoutCase paged = kLayouts[1];
-  const std::vector<Refused> refused = {
-      {{.layout = paged, .codec = "kivi4-g8", .v_codec = "f16"},
-       "codec 'kivi4-g8' (layer 0 keys) encodes 8 tokens per unit, which cannot leave one at a "
-       "time; allowed: codecs with one-token units"},
-      {{.layout = paged, .codec = "f16", .v_codec = "int4-g16"},
-       "codec 'int4-g16' (layer 0 values) encodes 2 tokens per unit"},
-      {{.layout = kLayouts[0], .codec = "f16", .recent_tokens = 4},
-       "recent_tokens 4: the recent window holds the newest tokens in F32 until whole units "
-       "fill, so they cannot leave one at a time; allowed: recent_tokens 0"},
-  };
-  for (const Refused& r : refused) {
-    auto cache = TryMakeCache(r.c);
-    ASSERT_TRUE(cache.ok()) << cache.status();
-    const absl::Status can = (*cache)->CheckCanEvict();
-    EXPECT_EQ(can.code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_THAT(can.message(), HasSubstr(r.message));
-    const SeqId seq = *(*cache)->AddSequence();
-    std::mt19937 rng(71);
+  ASSERT_TRUE(cache->RetainTokens(seq, 0, 1, keep, rewrite).ok());
+  model.Retain(0, 1, keep);
+  ASSERT_FALSE(moved.empty());
+  const KvLayerView view = cache->View(seq, 0);
+  for (int i = 0; i < static_cast<int>(keep.size()); ++i) {
+    const ReadRows read = ReadToken(view, 1, i);
+    std::vector<float> written(kDim);
+    for (int c = 0; c < kDim; ++c) written[c] = 0.5f * i - 0.25f * c;
+    const bool was_moved = std::find(moved.begin(), moved.end(), i) != moved.end();
+    EXPECT_EQ(was_moved, keep[i] != i) << i;
+    const std::span<const float> original = history.KRow(0, model.ids[0][1][i], 1, kDim);
+    EXPECT_EQ(read.k,
+              Stored(cache->k_codec(0), 1, was_moved ? std::span<const float>(written) : original,
+                     hadamard, read.f32))
+        << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Units, EvictUnitsTest, ::testing::ValuesIn(kUnitsCases),
+                         [](const auto& info) { return info.param.name; });
+
+// The real codecs that group tokens: KIVI keys (per channel over 8 tokens) and int4 groups of
+// 16 elements (2 tokens of 8), with sinks and a recent window. Re-encoded tokens are
+// re-rounded (also those an eviction sends back to the pending rows), so each token must lie
+// within the rounding of the encodes it went through (at most three here, each half a step of
+// range / 15) of what was written; sinks exactly.
+TEST(EvictRealUnitsTest, KiviAndLongGroupsStayWithinTheirRounding) {
+  for (const LayoutCase& layout : {kLayouts[0], kLayouts[1]}) {
+    SCOPED_TRACE(layout.name);
+    std::unique_ptr<KvCache> cache = MakeCache({.layout = layout,
+                                                .codec = "kivi4-g8",
+                                                .v_codec = "int4-g16",
+                                                .sink_tokens = 2,
+                                                .recent_tokens = 8});
+    const SeqId seq = *cache->AddSequence();
+    std::mt19937 rng(93);
     History history;
-    Append(**cache, seq, 20, rng, &history);
-    const KvLayerView before = (*cache)->View(seq, 0);
-    const size_t bytes = (*cache)->bytes_in_use();
-    const absl::Status status = (*cache)->RetainTokens(seq, 0, 0, Ids{0, 5});
-    EXPECT_EQ(status, can);
-    EXPECT_EQ((*cache)->NumTokens(seq), 20);
-    EXPECT_EQ((*cache)->HeadTokens(seq, 0, 0), 20);
-    EXPECT_EQ((*cache)->bytes_in_use(), bytes);
-    EXPECT_EQ((*cache)->View(seq, 0).pending.begin, before.pending.begin);
+    Model model = NewModel(*cache);
+    AppendBoth(*cache, seq, 36, rng, &history, &model);
+    for (const int round : {0, 1}) {
+      for (int layer_idx = 0; layer_idx < kNumLayers; ++layer_idx) {
+        for (int h = 0; h < kNumKvHeads; ++h) {
+          const std::vector<int> keep =
+              Spread(cache->HeadTokens(seq, layer_idx, h), 2 + h + round, 2, 2);
+          ASSERT_TRUE(cache->RetainTokens(seq, layer_idx, h, keep).ok());
+          model.Retain(layer_idx, h, keep);
+        }
+      }
+      AppendBoth(*cache, seq, 5, rng, &history, &model);
+    }
+    for (int layer_idx = 0; layer_idx < kNumLayers; ++layer_idx) {
+      const KvLayerView view = cache->View(seq, layer_idx);
+      for (int h = 0; h < kNumKvHeads; ++h) {
+        const std::vector<int>& ids = model.ids[layer_idx][h];
+        for (const bool key : {true, false}) {
+          float lo = 0, hi = 0;
+          for (int id = 0; id < history.num_appended(); ++id) {
+            for (float x : key ? history.KRow(layer_idx, id, h, kDim)
+                               : history.VRow(layer_idx, id, h, kDim)) {
+              lo = std::min(lo, x);
+              hi = std::max(hi, x);
+            }
+          }
+          const float bound = 3 * 0.5f * (hi - lo) / 15;
+          for (int i = 0; i < static_cast<int>(ids.size()); ++i) {
+            const ReadRows read = ReadToken(view, h, i);
+            const std::span<const float> want = key ? history.KRow(layer_idx, ids[i], h, kDim)
+                                                    : history.VRow(layer_idx, ids[i], h, kDim);
+            const std::vector<float>& got = key ? read.k : read.v;
+            for (int c = 0; c < kDim; ++c) {
+              ASSERT_NEAR(got[c], want[c], i < view.sinks.end ? 0.0f : bound)
+                  << "layer " << layer_idx << " head " << h << " logical " << i
+                  << (key ? " key" : " value") << " channel " << c;
+            }
+          }
+        }
+      }
+    }
   }
 }
 
@@ -656,7 +844,7 @@ TEST(EvictLowRankTest, RewrittenKeysUseTheirHeadsBasis) {
   // Re-encoding a decoded low-rank key gives it back up to rounding.
   const KvLayerView view = cache->View(seq, 0);
   for (int i = 0; i < 3; ++i) {
-    const std::vector<float> k = ReadToken(view, 1, i).first;
+    const std::vector<float> k = ReadToken(view, 1, i).k;
     const std::vector<float> want =
         Stored(cache->k_codec(0), 1, history.KRow(0, model.ids[0][1][i], 1, kDim), false, false);
     for (int c = 0; c < kDim; ++c) EXPECT_NEAR(k[c], want[c], 1e-3 * (1 + std::fabs(want[c])));
