@@ -107,7 +107,7 @@ void EngineFlags::Add(CLI::App* app) {
   batch_opt_ = app->add_option(
       "--batch", batch,
       "tokens per forward pass (default 512; perplexity and sweep: the window, or 16 when the "
-      "cache evicts)");
+      "cache evicts; sweep: 16 for every row when any configuration evicts)");
 }
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LoadModel(const std::string& path) {

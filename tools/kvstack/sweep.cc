@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "kvstack/codec.h"
 #include "represent/lowrank_codec.h"
+#include "run/sequence_logits.h"
 #include "sweep_plot.h"
 
 namespace kvstack::cli {
@@ -284,6 +285,13 @@ absl::Status RunSweep(const SweepFlags& flags) {
   options.ctx = flags.stream_tokens > 0 ? flags.stream_tokens : flags.ctx;
   options.num_threads = flags.engine.threads;
   options.batch = flags.engine.batch_given() ? std::min(flags.engine.batch, options.ctx) : 0;
+  // Every row of one sweep runs in the same forward calls: when any configuration evicts, the
+  // others run in the evicting default's short calls too. Codecs whose error depends on the
+  // calls (a recent F32 window sees more of a long call quantised) then compare alike.
+  if (options.batch == 0 &&
+      std::any_of(grid.begin(), grid.end(), [](const KvConfig& c) { return c.evicts(); })) {
+    options.batch = std::min(kEvictingBatch, options.ctx);
+  }
   options.max_windows = flags.max_windows;
   KVS_RETURN_IF_ERROR(CheckGrid(grid, *model, options));
 
