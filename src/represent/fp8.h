@@ -82,6 +82,28 @@ struct Fp8Format {
     }
     return sign | static_cast<uint8_t>(code);
   }
+
+  // Decode(Encode(y)) for finite |y| <= kMaxFinite, with neither branches nor tables, so a
+  // loop over it vectorises: the scaled codecs' scale search rounds every element once per
+  // candidate scale. Normal range: the F32 mantissa rounded to kMantBits by an integer add
+  // (ties to even; a carry bumps the exponent, and nothing in range carries past the largest
+  // finite value). Subnormal range: multiples of 2^(1 - bias - kMantBits), rounded to even by
+  // adding and subtracting 1.5 * 2^(23 + 1 - bias - kMantBits).
+  static float RoundInRange(float y) {
+    constexpr int kDropped = 23 - kMantBits;
+    constexpr uint32_t kLowMask = (1u << kDropped) - 1;
+    const uint32_t bits = std::bit_cast<uint32_t>(y);
+    const uint32_t normal = (bits + (kLowMask >> 1) + ((bits >> kDropped) & 1u)) & ~kLowMask;
+    constexpr float kMinNormal =
+        std::bit_cast<float>(static_cast<uint32_t>((127 + 1 - kBias) << 23));
+    constexpr float kMagic =
+        1.5f *
+        std::bit_cast<float>(static_cast<uint32_t>((127 + 23 + 1 - kBias - kMantBits) << 23));
+    const uint32_t subnormal = std::bit_cast<uint32_t>((y + kMagic) - kMagic);
+    // A mask, not ?:, which GCC keeps as a branch here and then does not vectorise.
+    const uint32_t is_subnormal = 0u - static_cast<uint32_t>(std::fabs(y) < kMinNormal);
+    return std::bit_cast<float>((subnormal & is_subnormal) | (normal & ~is_subnormal));
+  }
 };
 
 using E4M3 = Fp8Format<4, 3, /*kHasInf=*/false>;
@@ -99,5 +121,8 @@ inline float Fp8E4M3ToF32(uint8_t code) { return fp8_internal::E4M3::Decode(code
 inline uint8_t F32ToFp8E4M3(float f) { return fp8_internal::E4M3::Encode(f); }
 inline float Fp8E5M2ToF32(uint8_t code) { return fp8_internal::E5M2::Decode(code); }
 inline uint8_t F32ToFp8E5M2(float f) { return fp8_internal::E5M2::Encode(f); }
+// Fp8*ToF32(F32ToFp8*(y)) for finite |y| up to the largest finite value, branch-free.
+inline float RoundToFp8E4M3(float y) { return fp8_internal::E4M3::RoundInRange(y); }
+inline float RoundToFp8E5M2(float y) { return fp8_internal::E5M2::RoundInRange(y); }
 
 }  // namespace kvstack

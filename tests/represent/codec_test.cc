@@ -216,8 +216,11 @@ class CodecConformanceTest : public ::testing::TestWithParam<Param> {
                                                             : 0x1p-8f * mag;
             break;
           case Kind::kScaled: {
-            const float scale = absmax[g] / x.fmax;
-            // Saturation when the scale rounded down: at most FMAX x the scale's F16 error.
+            // The codec searches the scale in [absmax / FMAX, 2 absmax / FMAX), F16-rounded
+            // (scale_search_test.cc): the code spacing is bounded at the largest.
+            const float scale = 2.0f * absmax[g] / x.fmax;
+            // Slack for the scale's F16 rounding (at most FMAX x its error; rounded up, the
+            // absmax no longer saturates).
             const float saturation = absmax[g] * 0x1p-11f + x.fmax * 0x1p-25f;
             if (x.id == CodecId::kInt8) {
               bound = 0.5f * scale * (1 + 0x1p-10f) + saturation;
@@ -493,23 +496,38 @@ INSTANTIATE_TEST_SUITE_P(
         Golden{"f32", 1, kKey, {1.0f}, Bytes({0x00, 0x00, 0x80, 0x3F}), {1.0f}},
         Golden{"f16", 2, kKey, {1.0f, -2.0f}, Bytes({0x00, 0x3C, 0x00, 0xC0}), {1.0f, -2.0f}},
         Golden{"bf16", 1, kKey, {1.0f}, Bytes({0x80, 0x3F}), {1.0f}},
-        // scale 127/127 = 1 (F16 0x3C00); -63.5 and 0.5, 1.5 are ties: to even.
+        // The plain scale 127/127 = 1 (F16 0x3C00) is kept when no larger candidate does
+        // better: the 127s are exact only there, and 0.5 and -0.5 round to 0 (ties to even)
+        // under every candidate. Squared error 0.5.
+        Golden{"int8",
+               8,
+               kKey,
+               {127, 0.5f, -0.5f, 0, 0, 0, 0, -127},
+               Bytes({0x00, 0x3C, 0x7F, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x81}),
+               {127, 0, 0, 0, 0, 0, 0, -127}},
+        // Scale search: the plain scale 1 leaves squared error 0.91 (-63.5, 0.5, 1.5 are ties,
+        // 2.4 rounds by 0.4); candidate j = 11 of 32, 2^(11/32) -> F16 0x3D14 = 1.26953125,
+        // leaves 0.40 (codes 100 -50 0 1 -100 2 0 1), the least of the 32.
         Golden{"int8",
                8,
                kKey,
                {127, -63.5f, 0, 1, -127, 2.4f, 0.5f, 1.5f},
-               Bytes({0x00, 0x3C, 0x7F, 0xC0, 0x00, 0x01, 0x81, 0x02, 0x00, 0x02}),
-               {127, -64, 0, 1, -127, 2, 0, 2}},
-        // scale 2.54 / 127 = 0.02 -> F16 0x251F = 0.020004272, and the codes are computed
-        // with that: 0.030003 / 0.020004272 = 1.4998 -> 1 (with 0.02 it would be 2).
+               Bytes({0x14, 0x3D, 0x64, 0xCE, 0x00, 0x01, 0x9C, 0x02, 0x00, 0x01}),
+               {100 * 1.26953125f, -50 * 1.26953125f, 0, 1.26953125f, -100 * 1.26953125f,
+                2 * 1.26953125f, 0, 1.26953125f}},
+        // The plain scale 2.54 / 127 = 0.02 -> F16 0x251F = 0.020004272 (error 1.0e-4); the
+        // search keeps j = 18, 0.02 * 2^(18/32) -> F16 0x2790 = 0.029541016 (error 2.0e-5),
+        // and the codes are computed with that stored value: 0.030003 / 0.029541016 = 1.016
+        // -> 1, 2.54 / 0.029541016 = 85.98 -> 86.
         Golden{"int8",
                8,
                kValue,
                {2.54f, -1, 0, 0, 0, 0, 0, 0.030003f},
-               Bytes({0x1F, 0x25, 0x7F, 0xCE, 0, 0, 0, 0, 0, 0x01}),
-               {127 * 0.020004272f, -50 * 0.020004272f, 0, 0, 0, 0, 0, 0.020004272f}},
-        // scale 448 / 448 = 1; 17 is a tie between 16 and 18 (even mantissa: 16); 0.001 is
-        // 0.512 subnormal quanta of 2^-9.
+               Bytes({0x90, 0x27, 0x56, 0xDE, 0, 0, 0, 0, 0, 0x01}),
+               {86 * 0.029541016f, -34 * 0.029541016f, 0, 0, 0, 0, 0, 0.029541016f}},
+        // scale 448 / 448 = 1, which the search keeps (448 and 224 are exact only there); 17
+        // is a tie between 16 and 18 (even mantissa: 16); 0.001 is 0.512 subnormal quanta of
+        // 2^-9.
         Golden{"fp8_e4m3",
                8,
                kKey,

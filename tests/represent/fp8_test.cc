@@ -22,6 +22,7 @@ struct Fp8Case {
   float max_finite;
   float (*decode)(uint8_t);
   uint8_t (*encode)(float);
+  float (*round)(float);
 };
 
 // The format definition, written out as plainly as possible.
@@ -109,11 +110,39 @@ TEST_P(Fp8Test, SaturatesAndKeepsNan) {
   EXPECT_EQ(c.encode(std::numeric_limits<float>::denorm_min()), 0x00);  // rounds to zero
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Formats, Fp8Test,
-    ::testing::Values(Fp8Case{"E4M3", 4, 3, false, 448.0f, &Fp8E4M3ToF32, &F32ToFp8E4M3},
-                      Fp8Case{"E5M2", 5, 2, true, 57344.0f, &Fp8E5M2ToF32, &F32ToFp8E5M2}),
-    [](const auto& info) { return std::string(info.param.name); });
+// The branch-free rounding the scale search uses must be Decode(Encode(y)) over the whole
+// finite range: at every code, every midpoint (ties) and its neighbours, and a dense sweep.
+TEST_P(Fp8Test, RoundInRangeIsDecodeOfEncode) {
+  const Fp8Case& c = GetParam();
+  auto expect_same = [&](float y) {
+    if (!(std::fabs(y) <= c.max_finite)) return;
+    const float expected = c.decode(c.encode(y));
+    EXPECT_EQ(c.round(y), expected) << "y " << y;
+  };
+  for (int code = 0; code < 0x7F; ++code) {
+    const float lo = c.decode(static_cast<uint8_t>(code));
+    const float hi = c.decode(static_cast<uint8_t>(code + 1));
+    if (!std::isfinite(hi)) break;
+    const float mid = 0.5f * (lo + hi);
+    for (const float y : {lo, mid, std::nextafter(mid, 0.0f), std::nextafter(mid, INFINITY),
+                          std::nextafter(lo, INFINITY), std::nextafter(hi, 0.0f)}) {
+      expect_same(y);
+      expect_same(-y);
+    }
+  }
+  expect_same(c.max_finite);
+  for (float y = 1e-9f; y <= c.max_finite; y = y * 1.0003f + 1e-12f) {
+    expect_same(y);
+    expect_same(-y);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, Fp8Test,
+                         ::testing::Values(Fp8Case{"E4M3", 4, 3, false, 448.0f, &Fp8E4M3ToF32,
+                                                   &F32ToFp8E4M3, &RoundToFp8E4M3},
+                                           Fp8Case{"E5M2", 5, 2, true, 57344.0f, &Fp8E5M2ToF32,
+                                                   &F32ToFp8E5M2, &RoundToFp8E5M2}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 // The fp8 codecs' F16 scale: E5M2's FMAX is 57344, so absmax / FMAX is an F16 subnormal for
 // any token with absmax below 3.5 and 0 below about 0.0017. The scale is floored at F16's
