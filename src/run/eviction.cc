@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "kvstack/head_profile.h"
 #include "run/dense_ops.h"
+#include "select/whole_units.h"
 
 namespace kvstack {
 
@@ -151,6 +152,17 @@ absl::Status Evictor::EndLayerStep(SeqId seq_id, int layer_idx, KvCache& cache) 
   }
   std::vector<std::vector<int>> keep;
   SelectLayer(*layer.policy, split_, inputs, layer.budget + 1 - layer.step, &keep);
+  // Codecs whose units group tokens: whole units go or stay where the budget allows, so the
+  // cache moves kept units as bytes instead of re-rounding units that lost some tokens.
+  const int period =
+      std::lcm(cache.k_codec(layer_idx).group_tokens(), cache.v_codec(layer_idx).group_tokens());
+  if (period > 1) {
+    for (size_t i = 0; i < heads.size(); ++i) {
+      const int held = state.HeadTokens(layer_idx, heads[i]);
+      keep[i] = KeepWholeUnits(keep[i], EncodedTokens(held, period, cache.config().recent_tokens),
+                               period, std::min(cache.config().sink_tokens, held));
+    }
+  }
 
   for (size_t i = 0; i < heads.size(); ++i) {
     const int h = heads[i];

@@ -6,7 +6,9 @@
 // (none when the layer's policy reads none); after the layer's attention it selects what each
 // kv head keeps and has the cache retain exactly that, re-rotating moved keys when positions
 // are re-assigned. Budgets are tokens per kv head; between forward calls no head holds more
-// than its budget (during a call, up to the call's tokens more).
+// than its budget (during a call, up to the call's tokens more). In layers whose codecs group
+// several tokens per unit, the policy's choice is rounded to whole encoded units where the
+// budget allows (KeepWholeUnits), so that kept units move exactly.
 #pragma once
 
 #include <memory>

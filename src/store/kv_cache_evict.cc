@@ -11,7 +11,8 @@
 //   a unit cannot lose one token, so from the period holding the first moved token on, the
 //   kept tokens are read in F32 (sink copies, decoded units, pending rows), and written back:
 //   whole periods below the head's new encoded end are encoded again, the rest wait in the
-//   pending buffer. Tokens that were encoded are re-rounded when encoded again.
+//   pending buffer. Tokens that were encoded are re-rounded when encoded again, except where
+//   a whole encoded period moves unchanged: its bytes move as they are.
 // Sinks (logical [0, S), always kept) never move, so their F32 copies stay valid. Moves change
 // rows only of this head, but blocks are shared by all heads and layers: a block shared with a
 // forked sequence is copied first, and blocks above the new NumTokens are returned to the pool.
@@ -168,13 +169,31 @@ void KvCache::Impl::RewriteThroughF32(Sequence& seq, int layer_idx, const KvLaye
   const Layer& layer = layers[layer_idx];
   SideBuffers& side = seq.layers[layer_idx];
   const size_t head_dim = static_cast<size_t>(options.head_dim);
+  const int period = layer.period;
   const int num_kept = static_cast<int>(keep.size());
   // Where each kept token is now: the head's segments before the move.
   const KvLayerView head = view.HeadView(kv_head);
-  const int pending_rows = PendingRows(layer);
+  const int old_encoded_end = EncodedEnd(layer, view.HeadTokens(kv_head));
+  const int new_encoded_end = EncodedEnd(layer, num_kept);
+  // A period of the new encoded range that takes one whole encoded period, unchanged, moves
+  // as bytes: no decode, no re-rounding (a policy that drops whole units loses no precision).
+  auto moves_whole = [&](int first) {
+    if (first + period > new_encoded_end) return false;
+    const int src = keep[first];
+    return src % period == 0 && keep[first + period - 1] == src + period - 1 &&
+           src + period <= old_encoded_end && !(rewrite && first + period > first_moved);
+  };
+  auto period_bytes = [&](const ArenaPtr& arena, const KvArenaView& arena_view, int first) {
+    const int slot = view.first_slot + first;  // non-ring: no wrap; a period is in one block
+    const int row = slot % view.block_size;
+    return arena.get() + (arena_view.Unit(view.block_table[slot / view.block_size],
+                                          row / arena_view.group_tokens, kv_head) -
+                          arena_view.base);
+  };
   auto pending_row = [&](std::vector<float>& buffer, int logical) {
     return buffer.data() +
-           (static_cast<size_t>(kv_head) * pending_rows + logical % pending_rows) * head_dim;
+           (static_cast<size_t>(kv_head) * PendingRows(layer) + logical % PendingRows(layer)) *
+               head_dim;
   };
   // One arena's decoded unit, kept while consecutive sources fall in it (they ascend).
   struct DecodedUnit {
@@ -199,10 +218,12 @@ void KvCache::Impl::RewriteThroughF32(Sequence& seq, int layer_idx, const KvLaye
   };
   DecodedUnit k_unit{&view.k, {}, -1}, v_unit{&view.v, {}, -1};
 
-  // Gather the kept tokens [first_written, num_kept) in F32 (keys rotated as stored).
+  // Gather the kept tokens [first_written, num_kept) that do not move as whole periods, in F32
+  // (keys rotated as stored), before anything is written.
   const size_t num_rows = static_cast<size_t>(num_kept - first_written);
   std::vector<float> k_rows(num_rows * head_dim), v_rows(num_rows * head_dim);
   for (int i = first_written; i < num_kept; ++i) {
+    if (moves_whole(i - i % period)) continue;
     const int src = keep[i];
     const float* k_src;
     const float* v_src;
@@ -227,15 +248,29 @@ void KvCache::Impl::RewriteThroughF32(Sequence& seq, int layer_idx, const KvLaye
     }
   }
 
-  // Write them back: whole periods below the new encoded end into units, the rest pending.
-  const int encoded_end = EncodedEnd(layer, num_kept);
-  const size_t period_floats = static_cast<size_t>(layer.period) * head_dim;
-  for (int first = first_written; first < encoded_end; first += layer.period) {
+  // Write them back, in ascending order (a period's source is never below it, so no source is
+  // overwritten before it is read): whole periods below the new encoded end moved as bytes or
+  // encoded again, the rest into the pending rows.
+  const size_t period_floats = static_cast<size_t>(period) * head_dim;
+  for (int first = first_written; first < new_encoded_end; first += period) {
+    if (moves_whole(first)) {
+      if (keep[first] == first) continue;
+      const size_t k_bytes = static_cast<size_t>(period / view.k.group_tokens) * view.k.unit_bytes;
+      std::memcpy(period_bytes(layer.k, view.k, first), period_bytes(layer.k, view.k, keep[first]),
+                  k_bytes);
+      if (!layer.joint()) {
+        const size_t v_bytes =
+            static_cast<size_t>(period / view.v.group_tokens) * view.v.unit_bytes;
+        std::memcpy(period_bytes(layer.v, view.v, first),
+                    period_bytes(layer.v, view.v, keep[first]), v_bytes);
+      }
+      continue;
+    }
     const size_t offset = static_cast<size_t>(first - first_written) * head_dim;
     EncodePeriod(layer_idx, view, kv_head, first, std::span(k_rows).subspan(offset, period_floats),
                  std::span(v_rows).subspan(offset, period_floats));
   }
-  for (int i = std::max(first_written, encoded_end); i < num_kept; ++i) {
+  for (int i = std::max(first_written, new_encoded_end); i < num_kept; ++i) {
     const size_t src = static_cast<size_t>(i - first_written) * head_dim;
     std::copy_n(k_rows.begin() + src, head_dim, pending_row(side.pending_k, i));
     std::copy_n(v_rows.begin() + src, head_dim, pending_row(side.pending_v, i));

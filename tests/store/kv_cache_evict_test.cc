@@ -223,11 +223,20 @@ void ExpectHolds(const KvCache& cache, SeqId seq_id, const History& history, con
                                                  : history.VRow(layer_idx, ids[i], h, kDim);
           const bool rotated = key && rotate;
           const std::vector<float>& got = key ? read.k : read.v;
-          // A pending token that was encoded before an eviction sent it back to the pending
-          // rows holds its decoded row (one-token units decode to the same row again).
+          // A token that was encoded, sent back to the pending rows by an eviction (as its
+          // decoded row) and perhaps encoded again holds a row within two roundings of what
+          // was written: the scale-searching codecs (int8, fp8) may round a decoded row again.
+          const std::vector<float> written = Stored(codec, h, row, rotated, true);
+          const std::vector<float> decoded = Stored(codec, h, row, rotated, false);
+          float largest_error = 0;
+          for (int c = 0; c < kDim; ++c) {
+            largest_error = std::max(largest_error, std::fabs(decoded[c] - written[c]));
+          }
           const bool as_written = got == Stored(codec, h, row, rotated, read.f32);
-          const bool as_decoded =
-              read.f32 && i >= view.sinks.end && got == Stored(codec, h, row, rotated, false);
+          bool as_decoded = i >= view.sinks.end;
+          for (int c = 0; c < kDim; ++c) {
+            as_decoded &= std::fabs(got[c] - written[c]) <= 3 * largest_error;
+          }
           EXPECT_TRUE(as_written || as_decoded)
               << "layer " << layer_idx << " head " << h << " logical " << i << " token " << ids[i]
               << (key ? " key" : " value");
@@ -237,6 +246,18 @@ void ExpectHolds(const KvCache& cache, SeqId seq_id, const History& history, con
       }
     }
   }
+}
+
+Ids Range(int begin, int end) {
+  Ids ids(end - begin);
+  std::iota(ids.begin(), ids.end(), begin);
+  return ids;
+}
+
+Ids Concat(std::initializer_list<Ids> parts) {
+  Ids all;
+  for (const Ids& part : parts) all.insert(all.end(), part.begin(), part.end());
+  return all;
 }
 
 // Every `stride`-th token plus the newest `tail`, with the sinks.
@@ -818,6 +839,46 @@ TEST(EvictRealUnitsTest, KiviAndLongGroupsStayWithinTheirRounding) {
                   << (key ? " key" : " value") << " channel " << c;
             }
           }
+        }
+      }
+    }
+  }
+}
+
+// A keep list of whole encoded units (what the Evictor asks for with such codecs) moves them
+// as bytes: every kept token reads back exactly as before — units that move, units that stay,
+// a unit that the new count sends back to the pending rows, and pending rows.
+TEST(EvictRealUnitsTest, WholeUnitsMoveExactly) {
+  for (const LayoutCase& layout : {kLayouts[0], kLayouts[1]}) {
+    SCOPED_TRACE(layout.name);
+    std::unique_ptr<KvCache> cache = MakeCache({.layout = layout,
+                                                .codec = "kivi2-g8",
+                                                .v_codec = "int4-g16",
+                                                .sink_tokens = 2,
+                                                .recent_tokens = 8});
+    const SeqId seq = *cache->AddSequence();
+    std::mt19937 rng(94);
+    History history;
+    Append(*cache, seq, 45, rng, &history);  // units [0, 32), pending [32, 45)
+    // Layer 0: units 0 and 2 and the pending rows; layer 1: units 0-3 and the newest 5.
+    const Ids keeps[kNumLayers] = {Concat({Range(0, 8), Range(16, 24), Range(32, 45)}),
+                                   Concat({Range(0, 32), Range(40, 45)})};
+    std::vector<ReadRows> before[kNumLayers][kNumKvHeads];
+    for (int layer_idx = 0; layer_idx < kNumLayers; ++layer_idx) {
+      for (int h = 0; h < kNumKvHeads; ++h) {
+        const KvLayerView view = cache->View(seq, layer_idx);  // a retain invalidates views
+        for (int i = 0; i < 45; ++i) before[layer_idx][h].push_back(ReadToken(view, h, i));
+        ASSERT_TRUE(cache->RetainTokens(seq, layer_idx, h, keeps[layer_idx]).ok());
+      }
+    }
+    for (int layer_idx = 0; layer_idx < kNumLayers; ++layer_idx) {
+      const KvLayerView view = cache->View(seq, layer_idx);
+      const Ids& keep = keeps[layer_idx];
+      for (int h = 0; h < kNumKvHeads; ++h) {
+        for (int j = 0; j < static_cast<int>(keep.size()); ++j) {
+          const ReadRows read = ReadToken(view, h, j);
+          EXPECT_EQ(read.k, before[layer_idx][h][keep[j]].k) << layer_idx << " " << h << " " << j;
+          EXPECT_EQ(read.v, before[layer_idx][h][keep[j]].v) << layer_idx << " " << h << " " << j;
         }
       }
     }
