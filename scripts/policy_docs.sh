@@ -2,7 +2,8 @@
 # Regenerates docs/information-results.md and its plots (docs/information-pareto.png/.svg,
 # docs/information-streaming.png/.svg): the selection-policy experiments of issue 4 on
 # stories260K — ΔPPL and KL against the full cache for budgets 64/128/256 of ctx 512 with the
-# retrieval probe, layer and head budget variants, policies combined with a 4-bit codec, and
+# retrieval probe, layer and head budget variants, policies combined with an 8-bit codec and
+# with KIVI's multi-token units, and
 # 4096 tokens streamed through a 256-token cache. The analysis is in docs/information.md.
 # Usage: scripts/policy_docs.sh [path/to/kvstack]   (default: build/release/kvstack)
 set -euo pipefail
@@ -35,6 +36,11 @@ run "$tmp/adaptive" sweep "${common[@]}" --policy h2o,snapkv --budget 64,128,256
 run "$tmp/mean" sweep "${common[@]}" --policy h2o,snapkv --budget 64,128 --score-aggregation mean
 run "$tmp/codec" sweep -m "$model" -f "$text" --ctx 512 --k-codec int8 --v-codec int8 \
   --policy full,window,snapkv --budget 128,256 --evict-step 1
+# Codecs whose units group 32 tokens, with KIVI's 64-token F32 window (block 64 holds whole
+# units): the policies' choices are rounded to whole units (src/select/whole_units.h).
+run "$tmp/units" sweep -m "$model" -f "$text" --ctx 512 --block-size 64 --recent 64 --pairs \
+  --k-codec kivi4-g32,kivi2-g32 --v-codec int4-g64,kivi2-g32 --policy full,window,snapkv,h2o \
+  --budget 128,256 --evict-step 1
 run "$tmp/stream_original" sweep -m "$model" -f "$text" --stream 4096 --k-codec f32 \
   --v-codec f32 --policy window,streaming,h2o --budget 256
 run "$tmp/stream_reassign" sweep -m "$model" -f "$text" --stream 4096 --k-codec f32 \
@@ -73,6 +79,7 @@ HEADER
   section "Ada-KV adaptive head budgets" "$tmp/adaptive"
   section "GQA aggregation: mean instead of max over a kv head's query heads" "$tmp/mean"
   section "Policies combined with an 8-bit codec" "$tmp/codec"
+  section "Policies combined with codecs whose units group 32 tokens (KIVI)" "$tmp/units"
   section "Streaming 4096 tokens through a 256-token cache, original positions" "$tmp/stream_original"
   section "Streaming 4096 tokens, positions re-assigned inside the cache" "$tmp/stream_reassign"
   echo '![perplexity per segment](information-streaming.png)'
