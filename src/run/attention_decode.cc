@@ -6,8 +6,9 @@
 // partial and merges them. Per tile of keys, a "fill" step finds where each key's and value's
 // bytes are (or, for codecs without a fast path, decodes them into per-thread scratch with the
 // codec's own Decode) and a reader (attention_readers-inl.h) scores or accumulates them,
-// dequantising in registers. With AttentionScores, each tile's logits are kept and turned into
-// probabilities once the merge knows every head's max and sum.
+// dequantising in registers. With AttentionScores, each tile's exp(logit - running max) is kept
+// and turned into probabilities once every head's max and sum are known: by the task itself when
+// it holds all of its kv head's keys (the common case), else in a pass after the merge.
 
 #include <algorithm>
 #include <cmath>
@@ -50,7 +51,56 @@ struct ScoreSink {
   float* probs = nullptr;  // [group][prob_stride], indexed by logical token
   size_t prob_stride = 0;
   float* tile_max = nullptr;  // [tile of the task][group]
+  // When the task holds every key of its kv head (one split-K part, the common case with few
+  // threads per kv head), its own final max and sum are the head's: it then adds the scores
+  // into this row itself (AddPartScores), while its probabilities are still in its cache, and
+  // the separate pass after the merge is skipped. Null: the pass does it.
+  float* row = nullptr;           // scores.out + kv_head * scores.stride
+  float* head_max = nullptr;      // [group]: written by the task when it adds into `row`
+  float* head_inv_sum = nullptr;  // [group]: 1 / softmax sum, likewise
+  bool use_max = true;            // the group's aggregation: max, or mean (sum times group_weight)
+  float group_weight = 1.0f;
 };
+
+// Adds one split-K part's attention scores into a kv head's score row: for each of its keys t
+// in [begin, end), p(j, t) = probs[j][t] * exp(tile_max - max_j) / sum_j, aggregated over the
+// group's query heads j (max, or sum times group_weight).
+//   probs: [group][prob_stride] of this kv head; part_max: [tile of the part][group];
+//   head_max, head_inv_sum: [group], each query head's final max and 1 / softmax sum.
+void AddPartScores(const float* HWY_RESTRICT probs, size_t prob_stride,
+                   const float* HWY_RESTRICT part_max, int begin, int end, const float* head_max,
+                   const float* head_inv_sum, int group, bool use_max, float group_weight,
+                   float* HWY_RESTRICT row) {
+  const DF df;
+  const size_t n = hn::Lanes(df);
+  thread_local std::vector<float> factors;  // [group]
+  factors.resize(group);
+  float* factor = factors.data();
+  for (int t0 = begin, tile = 0; t0 < end; t0 += kDecodeTile, ++tile) {
+    const size_t t1 = static_cast<size_t>(std::min(end, t0 + kDecodeTile));
+    for (int j = 0; j < group; ++j) {
+      factor[j] =
+          std::exp(part_max[tile * group + j] - head_max[j]) * head_inv_sum[j] * group_weight;
+    }
+    size_t t = static_cast<size_t>(t0);
+    for (; t + n <= t1; t += n) {
+      auto agg = hn::Zero(df);
+      for (int j = 0; j < group; ++j) {
+        const auto p = hn::Mul(hn::LoadU(df, probs + j * prob_stride + t), hn::Set(df, factor[j]));
+        agg = use_max ? hn::Max(agg, p) : hn::Add(agg, p);
+      }
+      hn::StoreU(hn::Add(agg, hn::LoadU(df, row + t)), df, row + t);
+    }
+    for (; t < t1; ++t) {
+      float agg = 0.0f;
+      for (int j = 0; j < group; ++j) {
+        const float p = probs[j * prob_stride + t] * factor[j];
+        agg = use_max ? std::max(agg, p) : agg + p;
+      }
+      row[t] += agg;
+    }
+  }
+}
 
 // One decode task: keys [begin, end) of one source of kv head `kv_head` against the `group`
 // query heads that share it. Leaves the unnormalised partial result in `state` and, with a
@@ -66,9 +116,14 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
   const size_t nd = hn::Lanes(D());
   const size_t head_dim = static_cast<size_t>(view.head_dim);
   const size_t state_stride = head_dim + 2;
-  // Scores padded to whole vectors with -inf, so that max/exp/sum need no scalar tail.
-  const size_t s_stride = (kDecodeTile + nf - 1) / nf * nf;
-  float* s = Scratch(kSlotScores, static_cast<size_t>(group) * s_stride);  // [group, s_stride]
+  // Scores padded to whole vectors with -inf, so that max/exp/sum need no scalar tail. A task
+  // that adds its own scores (sink->row) owns its kv head's probability rows, padding included,
+  // so its tiles are scored and turned into probabilities right there, with nothing to copy;
+  // otherwise in per-thread scratch, since the padding would cross into another task's keys.
+  const bool in_place = sink != nullptr && sink->row != nullptr;
+  const size_t s_stride = in_place ? sink->prob_stride : (kDecodeTile + nf - 1) / nf * nf;
+  float* const scratch =
+      in_place ? nullptr : Scratch(kSlotScores, static_cast<size_t>(group) * s_stride);
   const ScoreFn score = ScoreFor<D>(k_side.reader);
   const AccumulateFn accumulate = AccumulateFor<D>(v_side.reader);
   // Integer keys on CPUs with VNNI: the query quantised once per task (attention_vnni-inl.h).
@@ -90,6 +145,7 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
   for (int t0 = begin; t0 < end; t0 += kDecodeTile) {
     const int t1 = std::min(end, t0 + kDecodeTile);
     const size_t num_keys = static_cast<size_t>(t1 - t0);
+    float* const s = in_place ? sink->probs + t0 : scratch;  // [group, s_stride]
     FillRows(view, k_side, true, kv_head, t0, t1, &keys);
     FillRows(view, v_side, false, kv_head, t0, t1, &values);
     if (vnni.ok) {
@@ -122,7 +178,9 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
       st[head_dim + 1] = st[head_dim + 1] * alpha + hn::GetLane(hn::SumOfLanes(df, vsum));
       st[head_dim] = new_max;
       if (sink != nullptr) {  // once per tile: the no-scores path pays one branch per tile
-        std::memcpy(sink->probs + j * sink->prob_stride + t0, sj, num_keys * sizeof(float));
+        if (!in_place) {
+          std::memcpy(sink->probs + j * sink->prob_stride + t0, sj, num_keys * sizeof(float));
+        }
         sink->tile_max[(t0 - begin) / kDecodeTile * group + j] = new_max;
       }
     }
@@ -141,56 +199,36 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
       for (size_t pos = 0; pos < head_dim; ++pos) st[SplitElement(pos, nd, parts)] = row[pos];
     }
   }
+  if (sink != nullptr && sink->row != nullptr) {
+    // What the merge of a single part computes: its max, and 1 / its sum (its weight there is
+    // exp(0) = 1), the same bits.
+    for (int j = 0; j < group; ++j) {
+      sink->head_max[j] = state[j * state_stride + head_dim];
+      sink->head_inv_sum[j] = 1.0f / state[j * state_stride + head_dim + 1];
+    }
+    AddPartScores(sink->probs, sink->prob_stride, sink->tile_max, begin, end, sink->head_max,
+                  sink->head_inv_sum, group, sink->use_max, sink->group_weight, sink->row);
+  }
 }
 
-// The decode step's attention scores from what the tasks left (ScoreSink) and each query head's
-// final max and 1 / softmax sum: p = probs * exp(tile_max - max) / sum per (head, token),
-// aggregated over the group and added into scores.out. One task per kv head (they write
-// disjoint rows).
+// The decode step's attention scores from what the tasks left (ScoreSink), for kv heads split
+// into several parts: each part's scores (AddPartScores) with the head's final max and
+// 1 / softmax sum from the merge. One task per kv head (they write disjoint rows).
 //   probs: [num_heads][prob_stride]; tile_max: [task][max_tiles][group], task = kv_head *
 //   num_parts + part; parts: each part's [begin, end); head_max, head_inv_sum: [num_heads]
 void AddDecodeScores(const float* probs, size_t prob_stride, const float* tile_max,
                      size_t max_tiles, std::span<const std::pair<int, int>> parts,
                      const float* head_max, const float* head_inv_sum, int num_kv_heads, int group,
-                     const AttentionScores& scores, ThreadPool* pool) {
-  const DF df;
-  const size_t n = hn::Lanes(df);
-  const bool use_max = scores.aggregation == ScoreAggregation::kMax;
-  const float group_weight = use_max ? 1.0f : 1.0f / static_cast<float>(group);
+                     const ScoreSink& how, const AttentionScores& scores, ThreadPool* pool) {
   const int num_parts = static_cast<int>(parts.size());
   RunTasks(pool, num_kv_heads, [&](int64_t kv_head, int /*thread_idx*/) {
-    float* row = scores.out + kv_head * static_cast<int64_t>(scores.stride);
-    const int first_head = static_cast<int>(kv_head) * group;
-    thread_local std::vector<float> factor;  // [group]
-    factor.resize(group);
+    const size_t first_head = static_cast<size_t>(kv_head) * group;
     for (int c = 0; c < num_parts; ++c) {
-      const float* part_max =
-          tile_max + (static_cast<size_t>(kv_head) * num_parts + c) * max_tiles * group;
-      for (int t0 = parts[c].first, tile = 0; t0 < parts[c].second; t0 += kDecodeTile, ++tile) {
-        const size_t t1 = static_cast<size_t>(std::min(parts[c].second, t0 + kDecodeTile));
-        for (int j = 0; j < group; ++j) {
-          factor[j] = std::exp(part_max[tile * group + j] - head_max[first_head + j]) *
-                      head_inv_sum[first_head + j] * group_weight;
-        }
-        size_t t = static_cast<size_t>(t0);
-        for (; t + n <= t1; t += n) {
-          auto agg = hn::Zero(df);
-          for (int j = 0; j < group; ++j) {
-            const auto p = hn::Mul(hn::LoadU(df, probs + (first_head + j) * prob_stride + t),
-                                   hn::Set(df, factor[j]));
-            agg = use_max ? hn::Max(agg, p) : hn::Add(agg, p);
-          }
-          hn::StoreU(hn::Add(agg, hn::LoadU(df, row + t)), df, row + t);
-        }
-        for (; t < t1; ++t) {
-          float agg = 0.0f;
-          for (int j = 0; j < group; ++j) {
-            const float p = probs[(first_head + j) * prob_stride + t] * factor[j];
-            agg = use_max ? std::max(agg, p) : agg + p;
-          }
-          row[t] += agg;
-        }
-      }
+      AddPartScores(probs + first_head * prob_stride, prob_stride,
+                    tile_max + (static_cast<size_t>(kv_head) * num_parts + c) * max_tiles * group,
+                    parts[c].first, parts[c].second, head_max + first_head,
+                    head_inv_sum + first_head, group, how.use_max, how.group_weight,
+                    scores.out + kv_head * static_cast<int64_t>(scores.stride));
     }
   });
 }
@@ -243,15 +281,19 @@ void DecodeImpl(const KvLayerView& view, const float* q, const AttentionParams& 
     max_tiles = std::max<size_t>(
         max_tiles, (range.second.second - range.second.first + kDecodeTile - 1) / kDecodeTile);
   }
+  // (One vector more than the tokens: a tile scored in place pads its end to whole vectors.)
   const size_t prob_stride =
-      scores == nullptr ? 0 : (static_cast<size_t>(view.num_tokens) + 15) / 16 * 16;
+      scores == nullptr ? 0 : (static_cast<size_t>(view.num_tokens) + 15) / 16 * 16 + 16;
   const size_t score_floats = scores == nullptr
                                   ? 0
                                   : prob_stride * params.num_heads + num_tasks * max_tiles * group +
                                         2 * static_cast<size_t>(params.num_heads);
+  // Grown, never shrunk: resizing to each step's size would zero-fill what an eviction freed
+  // and the next steps take back.
   thread_local std::vector<float> call_scratch;
-  call_scratch.resize(q_floats + static_cast<size_t>(num_tasks) * group * state_stride +
-                      score_floats);
+  const size_t call_floats =
+      q_floats + static_cast<size_t>(num_tasks) * group * state_stride + score_floats;
+  if (call_scratch.size() < call_floats) call_scratch.resize(call_floats);
   float* q_scaled = call_scratch.data();
   float* states = q_scaled + q_floats;
   float* probs = states + num_tasks * group * state_stride;    // [num_heads][prob_stride]
@@ -259,6 +301,15 @@ void DecodeImpl(const KvLayerView& view, const float* q, const AttentionParams& 
   float* head_max = tile_max + num_tasks * max_tiles * group;  // [num_heads]
   float* head_inv_sum = head_max + params.num_heads;           // [num_heads]
   PrepareQueries(view, q, params.num_heads, params.scale, q_scaled);
+
+  // How scores aggregate over a group; with one part per kv head, each task adds its own.
+  ScoreSink how;
+  how.prob_stride = prob_stride;
+  if (scores != nullptr) {
+    how.use_max = scores->aggregation == ScoreAggregation::kMax;
+    how.group_weight = how.use_max ? 1.0f : 1.0f / static_cast<float>(group);
+  }
+  const bool fused = scores != nullptr && num_parts == 1;
 
   auto task = [&](int64_t task_idx, int /*thread_idx*/) {
     const int kv_head = static_cast<int>(task_idx / num_parts);
@@ -270,8 +321,14 @@ void DecodeImpl(const KvLayerView& view, const float* q, const AttentionParams& 
                              : source == FillKind::kPending ? pending
                                                             : v_arena;
     float* state = states + static_cast<size_t>(task_idx) * group * state_stride;
-    const ScoreSink sink{probs + kv_head * group * prob_stride, prob_stride,
-                         tile_max + task_idx * max_tiles * group};
+    ScoreSink sink = how;
+    sink.probs = probs + kv_head * group * prob_stride;
+    sink.tile_max = tile_max + task_idx * max_tiles * group;
+    if (fused) {
+      sink.row = scores->out + kv_head * static_cast<int64_t>(scores->stride);
+      sink.head_max = head_max + kv_head * group;
+      sink.head_inv_sum = head_inv_sum + kv_head * group;
+    }
     DecodeChunk<D>(view, k_side, v_side, kv_head, range.first, range.second,
                    q_scaled + static_cast<size_t>(kv_head) * group * head_dim, group, state,
                    scores == nullptr ? nullptr : &sink);
@@ -300,17 +357,17 @@ void DecodeImpl(const KvLayerView& view, const float* q, const AttentionParams& 
       }
       const float inv = 1.0f / denom;
       for (size_t i = 0; i < head_dim; ++i) o[i] *= inv;
-      if (scores != nullptr) {
+      if (scores != nullptr && !fused) {  // (fused: the task wrote the same values)
         head_max[kv_head * group + j] = global_max;
         head_inv_sum[kv_head * group + j] = inv;
       }
     }
   }
-  if (scores != nullptr) {
+  if (scores != nullptr && !fused) {
     std::vector<std::pair<int, int>> parts;
     for (const auto& range : ranges) parts.push_back(range.second);
     AddDecodeScores(probs, prob_stride, tile_max, max_tiles, parts, head_max, head_inv_sum,
-                    num_kv_heads, group, *scores, pool);
+                    num_kv_heads, group, how, *scores, pool);
   }
 }
 

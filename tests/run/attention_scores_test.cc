@@ -205,6 +205,25 @@ TEST(AttentionScoresTest, FastCodecPairsAcrossManyChunks) {
   }
 }
 
+// With as many kv heads as the threads' tasks, each kv head is one split-K part whose task adds
+// its own scores, scoring its tiles in place in the probability rows: several tiles, the last
+// one partial (tokens not a multiple of the vector), one thread and two, every codec as key.
+TEST(AttentionScoresTest, OnePartPerKvHeadAcrossTiles) {
+  ThreadPool pool(2);
+  for (const CodecCase& codec : kEveryCodec) {
+    Case c;
+    c.num_tokens = 1000;
+    c.num_kv_heads = 8;
+    c.group = 2;
+    c.head_dim = codec.head_dim;
+    c.k_codec = codec.name;
+    c.v_codec = codec.head_dim % 32 == 0 ? "int4" : "f16";
+    SCOPED_TRACE(codec.name);
+    RunScoresAndCompare(c, {LayoutKind::kPaged, 64}, nullptr, ScoreAggregation::kMax, 0);
+    RunScoresAndCompare(c, {LayoutKind::kContiguous, 0}, &pool, ScoreAggregation::kMean, 0);
+  }
+}
+
 TEST(AttentionScoresTest, EverySimdTarget) {
   ThreadPool pool(2);
   for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
