@@ -138,9 +138,9 @@ struct KvLayerView {
       seg->end = std::min(seg->end, n);
       seg->begin = std::min(seg->begin, seg->end);
     }
-    // Sinks win where the two overlap: a sink is never also pending.
-    one.pending.begin =
-        std::max(one.sinks.end, std::min(n, EncodedTokens(n, pending_period, pending_recent)));
+    // The head's own encoded end; sinks win where the two overlap (a sink is never pending).
+    one.pending.begin = std::min(
+        one.pending.end, std::max(one.sinks.end, EncodedTokens(n, pending_period, pending_recent)));
     return one;
   }
 
