@@ -2,7 +2,7 @@
 // rides on (issue 4's target: at most 10 %). A real KvCache (paged, block 16) of one layer holds a
 // full budget of `context` tokens; each step appends one token, runs decode attention once
 // without scores (the reference, same state) and once with the scores H2O reads, then lets the
-// engine's Evictor select and retain (with the default evict_step, budget / 16 at most 32, the
+// engine's Evictor select and retain (with the default evict_step, budget / 16 at most 128, the
 // rows move once per step tokens; --evict-step 1 moves them every step). Reported: attention
 // time without scores, and the extra time of the scores and of the eviction, as fractions of it:
 // medians over the steps by default (below), means with --mean.

@@ -67,7 +67,7 @@ struct KvConfig {
   // How many decode steps one eviction serves: a kv head over its budget is cut to
   // budget + 1 - evict_step tokens, so it holds between that and the budget, and its rows
   // (an O(tokens) move) move once per evict_step steps. 1: every step, exactly the budget
-  // (the classic policies). 0: budget / 16, between 1 and 32. Default: 0.
+  // (the classic policies). 0: budget / 16, between 1 and 128. Default: 0.
   int evict_step = 0;
   std::string head_budget = "uniform";  // "uniform" | "adaptive"
   // Policy parameters (PolicyParams): sinks and recent tokens the policy always keeps (-1:

@@ -11,8 +11,10 @@
 
 namespace kvstack {
 
-// evict_step 0 (auto) frees budget / 16 tokens per eviction, at most this many.
-constexpr int kMaxAutoEvictStep = 32;
+// evict_step 0 (auto) frees budget / 16 tokens per eviction, at most this many: a head then
+// holds 94-100 % of its budget, and the O(tokens) compaction of long contexts (row moves cost
+// 6-17 % of attention at a step of 32 in eviction_bench) runs once per 128 decode steps.
+constexpr int kMaxAutoEvictStep = 128;
 
 absl::StatusOr<std::unique_ptr<Evictor>> Evictor::Create(const LlamaHparams& hp,
                                                          uint64_t model_hash,

@@ -46,7 +46,7 @@ void SelectionFlags::Add(CLI::App* app, bool with_budget) {
   options_.push_back(app->add_option("--evict-step", evict_step_,
                                      "decode steps one eviction serves: a head over budget is "
                                      "cut to budget + 1 - step; 1 = every step, 0 = budget/16 "
-                                     "in 1..32 (default 0)"));
+                                     "in 1..128 (default 0)"));
   app->add_option("--layer-policy", layer_policies_,
                   "L:NAME policy of layer L, e.g. 0:full; repeatable")
       ->take_all()
