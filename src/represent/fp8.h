@@ -10,6 +10,7 @@
 // against; both directions are header-only so kernels can build tables from them.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -85,24 +86,25 @@ struct Fp8Format {
 
   // Decode(Encode(y)) for finite |y| <= kMaxFinite, with neither branches nor tables, so a
   // loop over it vectorises: the scaled codecs' scale search rounds every element once per
-  // candidate scale. Normal range: the F32 mantissa rounded to kMantBits by an integer add
-  // (ties to even; a carry bumps the exponent, and nothing in range carries past the largest
-  // finite value). Subnormal range: multiples of 2^(1 - bias - kMantBits), rounded to even by
-  // adding and subtracting 1.5 * 2^(23 + 1 - bias - kMantBits).
+  // candidate scale (scale_search.cc repeats these operations in Highway; its test checks the
+  // two pick alike). y is rounded to a multiple of its binade's code spacing 2^(e - kMantBits),
+  // e = max(y's exponent, 1 - bias) (the subnormal codes share the smallest normal binade's
+  // spacing), by adding and subtracting 1.5 * 2^(e + 23 - kMantBits): the sum has no bits
+  // below the spacing, so the FPU rounds it to nearest, ties to even (even = the code's last
+  // mantissa bit). A carry into the next binade lands on its first code; nothing in range
+  // carries past kMaxFinite. The sign is put back for results of 0, as Decode(Encode) keeps it.
+  static constexpr uint32_t kExpMask = 0x7F800000u;
+  static constexpr uint32_t kSignMask = 0x80000000u;
+  static constexpr uint32_t kMinNormalExpBits = static_cast<uint32_t>(127 + 1 - kBias) << 23;
+  // Added to exponent bits 2^e: 1.5 * 2^(e + 23 - kMantBits).
+  static constexpr uint32_t kMagicOffset =
+      (static_cast<uint32_t>(23 - kMantBits) << 23) | 0x400000u;
   static float RoundInRange(float y) {
-    constexpr int kDropped = 23 - kMantBits;
-    constexpr uint32_t kLowMask = (1u << kDropped) - 1;
     const uint32_t bits = std::bit_cast<uint32_t>(y);
-    const uint32_t normal = (bits + (kLowMask >> 1) + ((bits >> kDropped) & 1u)) & ~kLowMask;
-    constexpr float kMinNormal =
-        std::bit_cast<float>(static_cast<uint32_t>((127 + 1 - kBias) << 23));
-    constexpr float kMagic =
-        1.5f *
-        std::bit_cast<float>(static_cast<uint32_t>((127 + 23 + 1 - kBias - kMantBits) << 23));
-    const uint32_t subnormal = std::bit_cast<uint32_t>((y + kMagic) - kMagic);
-    // A mask, not ?:, which GCC keeps as a branch here and then does not vectorise.
-    const uint32_t is_subnormal = 0u - static_cast<uint32_t>(std::fabs(y) < kMinNormal);
-    return std::bit_cast<float>((subnormal & is_subnormal) | (normal & ~is_subnormal));
+    const uint32_t exp_bits = std::max(bits & kExpMask, kMinNormalExpBits);
+    const float magic = std::bit_cast<float>(exp_bits + kMagicOffset);
+    const float rounded = (y + magic) - magic;
+    return std::bit_cast<float>(std::bit_cast<uint32_t>(rounded) | (bits & kSignMask));
   }
 };
 

@@ -5,8 +5,16 @@
 // not saturate), the absmax never saturates, the scale stays within one octave above the
 // plain one, and fp8 scales stay F16 normals. Rows: random, outlier channels, and the
 // adversarial ones (all zeros, one huge element, subnormal-range magnitudes, non-finite).
+// The codecs search with a Highway kernel; SimdMatchesScalarReference checks it picks the
+// scalar reference's scale (and so writes its bytes) on these rows and on rows built to
+// expose any difference in rounding, at head_dim 8, 64, 128 and odd sizes around them.
+#include "represent/scale_search.h"
+
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -14,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "hwy/targets.h"
 #include "kvstack/codec.h"
 #include "kvstack/numeric.h"
 #include "represent/fp8.h"
@@ -41,6 +50,13 @@ const Format kFormats[] = {
     {"fp8_e5m2", 57344.0f, true, &Fp8E5M2ToF32, &F32ToFp8E5M2},
     {"int8", 127.0f, false, &Int8Decode, &Int8Encode},
 };
+
+ScaledGrid GridOf(const Format& f) {
+  const std::string name = f.name;
+  return name == "int8"       ? ScaledGrid::kInt8
+         : name == "fp8_e4m3" ? ScaledGrid::kFp8E4M3
+                              : ScaledGrid::kFp8E5M2;
+}
 
 float FiniteAbsMax(const std::vector<float>& row) {
   float absmax = 0.0f;
@@ -123,7 +139,7 @@ std::vector<std::vector<float>> Rows(int head_dim) {
   for (int i = 0; i < 200; ++i) rows.push_back(random_row(std::exp2(normal(rng) * 3.0f)));
   for (int i = 0; i < 20; ++i) {  // two outlier channels 20x larger
     std::vector<float> row = random_row(1.0f);
-    row[1] *= 20.0f;
+    row[1 % head_dim] *= 20.0f;
     row[head_dim / 2] *= 20.0f;
     rows.push_back(row);
   }
@@ -180,6 +196,108 @@ TEST_P(ScaleSearchTest, NeverWorseThanThePlainScaleAndNeverSaturates) {
       EXPECT_NE(got.scale_bits & 0x7C00u, 0u) << "fp8 scale must be an F16 normal";
     }
   }
+}
+
+// The plain scale the benchmarks measure against is the one written here from the contract.
+TEST_P(ScaleSearchTest, PlainChoiceIsThePlainScale) {
+  const auto& [format, head_dim] = GetParam();
+  const ScaledGrid grid = GridOf(format);
+  for (const std::vector<float>& row : Rows(head_dim)) {
+    EXPECT_EQ(ChooseScale(grid, row, ScaleSearch::kPlain).value,
+              PlainScale(format, FiniteAbsMax(row)));
+  }
+}
+
+// Rows where the Highway search could part from the reference if any operation differed:
+// elements exactly on codes and on midpoints between codes of the plain scale's grid and of
+// other candidates' (a multiply by 1 / s, or a fused multiply-add, rounds those differently
+// from x / s), elements deep in fp8's subnormal range next to a large one, and magnitudes
+// across the float range. Plus the rows above.
+std::vector<std::vector<float>> ExactnessRows(const Format& format, int head_dim) {
+  std::vector<std::vector<float>> rows = Rows(head_dim);
+  std::mt19937 rng(99 + head_dim);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> code(0, 255);
+  std::uniform_int_distribution<int> candidate(0, kScaleCandidates - 1);
+  // The grid's values: every finite code decoded.
+  std::vector<float> grid;
+  for (int c = 0; c < 256; ++c) {
+    const float v = format.decode(static_cast<uint8_t>(c));
+    if (std::isfinite(v)) grid.push_back(v);
+  }
+  std::sort(grid.begin(), grid.end());
+  for (int i = 0; i < 300; ++i) {
+    const float magnitude = std::exp2(normal(rng) * 4.0f);
+    std::vector<float> row(head_dim);
+    for (float& x : row) x = magnitude * normal(rng);
+    const float absmax = FiniteAbsMax(row);
+    // Put elements on codes or midpoints of one candidate's grid (the candidate as the
+    // codec would store it: the plain scale times 2^(j / K), rounded to F16).
+    const float plain = PlainScale(format, absmax);
+    if (plain == 0.0f) continue;
+    const int j = i % 3 == 0 ? 0 : candidate(rng);
+    const float scale =
+        F16ToF32(F32ToF16(std::fmax(plain, plain * std::exp2(static_cast<float>(j) / 32))));
+    for (int c = 0; c < head_dim; ++c) {
+      if (std::fabs(row[c]) == absmax) continue;  // keeps the plain scale
+      const size_t k = static_cast<size_t>(code(rng)) % (grid.size() - 1);
+      const float v = (i % 2 == 0) ? grid[k] : 0.5f * (grid[k] + grid[k + 1]);
+      // Every fourth row one float step off: x / s then lies next to a midpoint, not on it.
+      const float x =
+          i % 4 == 3 ? std::nextafter(v * scale, c % 2 ? INFINITY : -INFINITY) : v * scale;
+      if (std::fabs(x) <= absmax) row[c] = x;
+    }
+    rows.push_back(row);
+  }
+  for (const float small : {1e-3f, 1e-6f, 1e-9f}) {  // fp8 subnormals beside a large element
+    std::vector<float> row(head_dim);
+    for (float& x : row) x = small * normal(rng);
+    row[0] = 300.0f;
+    rows.push_back(row);
+  }
+  for (int e = -60; e <= 60; e += 10) {  // magnitudes across the float range
+    std::vector<float> row(head_dim);
+    for (float& x : row) x = std::ldexp(normal(rng), e);
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+void ExpectSimdMatchesScalar(const Format& format, int head_dim) {
+  for (const int dim : {head_dim, head_dim - 1, head_dim + 5}) {
+    auto reference = CreateScaledCodec(format.name, dim, ScaleSearch::kScalar);
+    auto simd = CreateScaledCodec(format.name, dim, ScaleSearch::kSimd);
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    ASSERT_TRUE(simd.ok()) << simd.status();
+    std::vector<std::byte> want((*reference)->unit_bytes()), got((*simd)->unit_bytes());
+    int row_index = 0;
+    for (const std::vector<float>& row : ExactnessRows(format, dim)) {
+      SCOPED_TRACE(::testing::Message() << format.name << " dim " << dim << " row " << row_index++);
+      (*reference)->Encode(row, want);
+      (*simd)->Encode(row, got);
+      ASSERT_EQ(got, want);
+      std::array<float, kScaleCandidates> want_errors, got_errors;
+      ScaleCandidateErrors(GridOf(format), row, ScaleSearch::kScalar, want_errors);
+      ScaleCandidateErrors(GridOf(format), row, ScaleSearch::kSimd, got_errors);
+      for (int j = 0; j < kScaleCandidates; ++j) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(got_errors[j]), std::bit_cast<uint32_t>(want_errors[j]))
+            << "candidate " << j << ": " << got_errors[j] << " vs " << want_errors[j];
+      }
+    }
+  }
+}
+
+// The Highway search picks the reference's scale, so the codec writes the same bytes, on
+// every target this machine runs (AVX3 and AVX2 take the fused quotient, SSE4 and EMU128
+// divide).
+TEST_P(ScaleSearchTest, SimdMatchesScalarReference) {
+  const auto& [format, head_dim] = GetParam();
+  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    hwy::SetSupportedTargetsForTest(target);
+    ExpectSimdMatchesScalar(format, head_dim);
+  }
+  hwy::SetSupportedTargetsForTest(0);  // back to what the CPU supports
 }
 
 // The search must pay for itself: on N(0, 1) rows of stories260K's head_dim, E4M3's mean
