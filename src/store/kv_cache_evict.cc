@@ -220,8 +220,14 @@ void KvCache::Impl::RewriteThroughF32(Sequence& seq, int layer_idx, const KvLaye
 
   // Gather the kept tokens [first_written, num_kept) that do not move as whole periods, in F32
   // (keys rotated as stored), before anything is written.
-  const size_t num_rows = static_cast<size_t>(num_kept - first_written);
-  std::vector<float> k_rows(num_rows * head_dim), v_rows(num_rows * head_dim);
+  // The rows live in a buffer kept between calls: most of them are never touched (whole
+  // periods move as bytes), and a fresh zeroed buffer of a long context per call cost more in
+  // page faults than the moves themselves.
+  const size_t row_floats = static_cast<size_t>(num_kept - first_written) * head_dim;
+  thread_local std::vector<float> scratch;
+  if (scratch.size() < 2 * row_floats) scratch.resize(2 * row_floats);
+  const std::span<float> k_rows(scratch.data(), row_floats);
+  const std::span<float> v_rows(scratch.data() + row_floats, row_floats);
   for (int i = first_written; i < num_kept; ++i) {
     if (moves_whole(i - i % period)) continue;
     const int src = keep[i];
@@ -241,7 +247,7 @@ void KvCache::Impl::RewriteThroughF32(Sequence& seq, int layer_idx, const KvLaye
     std::copy_n(k_src, head_dim, k_rows.begin() + dst);
     std::copy_n(v_src, head_dim, v_rows.begin() + dst);
     if (rewrite && i >= first_moved) {  // as in MoveRows: the callback sees the unrotated key
-      const std::span<float> key = std::span(k_rows).subspan(dst, head_dim);
+      const std::span<float> key = k_rows.subspan(dst, head_dim);
       if (options.config.hadamard_keys) HadamardRotate(key);
       rewrite(src, i, key);
       if (options.config.hadamard_keys) HadamardRotate(key);
@@ -267,8 +273,8 @@ void KvCache::Impl::RewriteThroughF32(Sequence& seq, int layer_idx, const KvLaye
       continue;
     }
     const size_t offset = static_cast<size_t>(first - first_written) * head_dim;
-    EncodePeriod(layer_idx, view, kv_head, first, std::span(k_rows).subspan(offset, period_floats),
-                 std::span(v_rows).subspan(offset, period_floats));
+    EncodePeriod(layer_idx, view, kv_head, first, k_rows.subspan(offset, period_floats),
+                 v_rows.subspan(offset, period_floats));
   }
   for (int i = std::max(first_written, new_encoded_end); i < num_kept; ++i) {
     const size_t src = static_cast<size_t>(i - first_written) * head_dim;
