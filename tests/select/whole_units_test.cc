@@ -14,20 +14,8 @@ namespace {
 
 using Ids = std::vector<int>;
 
-Ids Range(int begin, int end) {
-  Ids ids(end - begin);
-  std::iota(ids.begin(), ids.end(), begin);
-  return ids;
-}
-
-Ids Concat(std::initializer_list<Ids> parts) {
-  Ids all;
-  for (const Ids& part : parts) all.insert(all.end(), part.begin(), part.end());
-  return all;
-}
-
 TEST(KeepWholeUnitsTest, WholeOrDroppedUnitsAndOneTokenUnitsAreUnchanged) {
-  const Ids whole = Concat({Range(0, 4), Range(12, 16), {17, 19}});
+  const Ids whole = Ids{0, 1, 2, 3, 12, 13, 14, 15, 17, 19};
   EXPECT_EQ(KeepWholeUnits(whole, 16, 4, 1), whole);
   const Ids scattered = {0, 3, 5, 9, 10, 15};
   EXPECT_EQ(KeepWholeUnits(scattered, 16, 1, 0), scattered);
@@ -39,10 +27,10 @@ TEST(KeepWholeUnitsTest, KeepsTheSinksUnitsThenTheFullestUnitsNewestFirst) {
   // three of unit 2, two of unit 3, one of unit 1, and F32 tokens 16 and 18.
   const Ids keep = {0, 1, 5, 8, 9, 11, 13, 14, 16, 18};
   // Sinks' unit 0 (4) + F32 (2) = 6; unit 2 (three kept) fits (10); unit 3 would not.
-  EXPECT_EQ(KeepWholeUnits(keep, 16, 4, 2), Concat({Range(0, 4), Range(8, 12), {16, 18}}));
+  EXPECT_EQ(KeepWholeUnits(keep, 16, 4, 2), (Ids{0, 1, 2, 3, 8, 9, 10, 11, 16, 18}));
   // Units 1 and 3 both have two kept tokens and room is left for one: the newer wins.
   const Ids tie = {0, 1, 2, 3, 5, 6, 9, 13, 14, 16};
-  EXPECT_EQ(KeepWholeUnits(tie, 16, 4, 1), Concat({Range(0, 4), Range(12, 16), {16}}));
+  EXPECT_EQ(KeepWholeUnits(tie, 16, 4, 1), (Ids{0, 1, 2, 3, 12, 13, 14, 15, 16}));
 }
 
 TEST(KeepWholeUnitsTest, FallsBackWhenTheSinksUnitsAndF32TokensExceedTheList) {
@@ -62,7 +50,8 @@ TEST(KeepWholeUnitsTest, RandomListsKeepTheContract) {
     const int held = encoded_end + static_cast<int>(rng() % 12);
     if (held == 0) continue;
     const int num_sinks = std::min(held, static_cast<int>(rng() % 4));
-    Ids keep = Range(0, num_sinks);
+    Ids keep(num_sinks);
+    std::iota(keep.begin(), keep.end(), 0);
     for (int t = num_sinks; t < held; ++t) {
       if (rng() % 3 == 0) keep.push_back(t);
     }
