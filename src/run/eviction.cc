@@ -13,7 +13,7 @@ namespace kvstack {
 
 // evict_step 0 (auto) frees budget / 16 tokens per eviction, at most this many: a head then
 // holds 94-100 % of its budget, and the O(tokens) compaction of long contexts (row moves cost
-// 6-17 % of attention at a step of 32 in eviction_bench) runs once per 128 decode steps.
+// 6-20 % of attention at a step of 32 in eviction_bench) runs once per 128 decode steps.
 constexpr int kMaxAutoEvictStep = 128;
 
 absl::StatusOr<std::unique_ptr<Evictor>> Evictor::Create(const LlamaHparams& hp,
