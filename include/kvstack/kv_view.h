@@ -145,6 +145,13 @@ struct KvLayerView {
   }
 
   int num_slots() const { return static_cast<int>(block_table.size()) * block_size; }
+  // The unit of `arena` (this view's k or v) holding logical token `logical` of kv head
+  // `kv_head`, at the slot the header defines.
+  const std::byte* UnitOf(const KvArenaView& arena, int logical, int kv_head) const {
+    const int slot = (first_slot + logical) % num_slots();
+    return arena.Unit(block_table[slot / block_size], slot % block_size / arena.group_tokens,
+                      kv_head);
+  }
   // The logical range held in the arenas.
   int arena_begin() const { return sinks.end; }
   int arena_end() const { return pending.end > pending.begin ? pending.begin : num_tokens; }

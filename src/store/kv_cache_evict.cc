@@ -127,11 +127,7 @@ void KvCache::Impl::MoveRows(int layer_idx, const KvLayerView& view, int kv_head
   Layer& layer = layers[layer_idx];
   // The mutable bytes of one row: the view's const address, offset into this layer's arena.
   auto row_of = [&](const ArenaPtr& arena, const KvArenaView& arena_view, int logical) {
-    std::byte* row = nullptr;
-    view.ForEachRun(logical, logical + 1, [&](int, int, int32_t block_id, int row_idx) {
-      row = arena.get() + (arena_view.Row(block_id, row_idx, kv_head) - arena_view.base);
-    });
-    return row;
+    return arena.get() + (view.UnitOf(arena_view, logical, kv_head) - arena_view.base);
   };
   const Codec& k_codec = *layer.k_codec;
   const bool rotated = options.config.hadamard_keys;
@@ -184,11 +180,7 @@ void KvCache::Impl::RewriteThroughF32(Sequence& seq, int layer_idx, const KvLaye
            src + period <= old_encoded_end && !(rewrite && first + period > first_moved);
   };
   auto period_bytes = [&](const ArenaPtr& arena, const KvArenaView& arena_view, int first) {
-    const int slot = view.first_slot + first;  // non-ring: no wrap; a period is in one block
-    const int row = slot % view.block_size;
-    return arena.get() + (arena_view.Unit(view.block_table[slot / view.block_size],
-                                          row / arena_view.group_tokens, kv_head) -
-                          arena_view.base);
+    return arena.get() + (view.UnitOf(arena_view, first, kv_head) - arena_view.base);
   };
   auto pending_row = [&](std::vector<float>& buffer, int logical) {
     return buffer.data() +
@@ -203,14 +195,9 @@ void KvCache::Impl::RewriteThroughF32(Sequence& seq, int layer_idx, const KvLaye
     const float* Row(const KvLayerView& v, int kv_head, int logical) {
       const int unit_first = logical - logical % arena->group_tokens;
       if (unit_first != first) {
-        const int slot = v.first_slot + unit_first;
-        const int row = slot % v.block_size;
         rows.resize(static_cast<size_t>(arena->group_tokens) * v.head_dim);
         arena->codec_impl->DecodeHead(
-            kv_head,
-            {arena->Unit(v.block_table[slot / v.block_size], row / arena->group_tokens, kv_head),
-             arena->unit_bytes},
-            rows);
+            kv_head, {v.UnitOf(*arena, unit_first, kv_head), arena->unit_bytes}, rows);
         first = unit_first;
       }
       return rows.data() + static_cast<size_t>(logical - first) * v.head_dim;

@@ -181,17 +181,12 @@ void KvCache::Impl::EncodePeriod(int layer_idx, const KvLayerView& view, int kv_
     std::copy_n(k_rows.end() - head_dim, head_dim, k_rows.begin() + r * head_dim);
     std::copy_n(v_rows.end() - head_dim, head_dim, v_rows.begin() + r * head_dim);
   }
-  // Non-ring layouts only (the ring has one-token units and no recent window): no wrap, and a
-  // period never straddles blocks (block_size is a multiple of it).
-  const int slot = view.first_slot + first;
-  const int32_t block_id = view.block_table[slot / view.block_size];
-  const int first_row = slot % view.block_size;
+  // A period never straddles blocks (block_size is a multiple of it), so its units are
+  // consecutive from the one holding its first token.
   const int k_tokens = view.k.group_tokens;
   const int v_tokens = view.v.group_tokens;
-  std::byte* k_dst =
-      layer.k.get() + (view.k.Unit(block_id, first_row / k_tokens, kv_head) - view.k.base);
-  std::byte* v_dst =
-      layer.v_arena().get() + (view.v.Unit(block_id, first_row / v_tokens, kv_head) - view.v.base);
+  std::byte* k_dst = layer.k.get() + (view.UnitOf(view.k, first, kv_head) - view.k.base);
+  std::byte* v_dst = layer.v_arena().get() + (view.UnitOf(view.v, first, kv_head) - view.v.base);
   layer.EncodeHead(kv_head, k_rows, v_rows,
                    {k_dst, static_cast<size_t>(period / k_tokens) * view.k.unit_bytes},
                    {v_dst, static_cast<size_t>(period / v_tokens) * view.v.unit_bytes});
