@@ -441,6 +441,99 @@ KVS_VNNI_ATTR void VnniScoreTileBits(const VnniPlan& plan, const RowSet& keys, c
   }
 }
 
+// The largest lane of each of v[0..15], out[i] for v[i], by a tree of shuffles (45
+// instructions for all 16, against about 9 each with a reduction per vector). Each level folds
+// pairs of vectors into one: 8 lanes each, then 4 (a 128-bit lane each), 2, 1; the last level
+// leaves the maximum of input 4 k + L in lane 4 L + k, so inputs are taken in that transposed
+// order to come out in place.
+KVS_VNNI_ATTR HWY_INLINE void MaxOfLanes16(const __m512* v, float* out) {
+  __m512 a[8], b[4], c[2];
+  for (int i = 0; i < 8; ++i) {  // (input n is v[n % 4 * 4 + n / 4])
+    const __m512 x = v[2 * i % 4 * 4 + 2 * i / 4], y = v[(2 * i + 1) % 4 * 4 + (2 * i + 1) / 4];
+    a[i] = _mm512_max_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
+  }
+  for (int i = 0; i < 4; ++i) {  // 128-bit lane L of b[i]: input 4 i + L
+    const __m512 x = a[2 * i], y = a[2 * i + 1];
+    b[i] = _mm512_max_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
+  }
+  for (int i = 0; i < 2; ++i) {
+    const __m512 x = b[2 * i], y = b[2 * i + 1];
+    c[i] = _mm512_max_ps(_mm512_shuffle_ps(x, y, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  _mm512_storeu_ps(out, _mm512_max_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                      _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1))));
+}
+
+// KIVI: the `group` query heads q: [group, head_dim] folded with one unit's per-channel (scale,
+// min) pairs and quantised as VnniPrepareQueries quantises (int8 per block of 32, step 1/127 of
+// the block's largest |q * scale|): out[j] for q_j * scale, bias[j] = q_j . min. Once per unit
+// and kv head, so all heads go at once: the pairs are converted once, and every block's maximum
+// comes from one shuffle tree per 16 blocks (MaxOfLanes16) instead of a reduction each.
+KVS_VNNI_ATTR void VnniPrepareKiviUnit(const VnniPlan& plan, const std::byte* unit, const float* q,
+                                       int group, VnniQuery* out, float* bias) {
+  const int head_dim = static_cast<int>(plan.head_dim);
+  const int num_vectors = head_dim / 16, blocks_per_head = head_dim / 32;
+  __m512 scale[kVnniMaxHeadDim / 16], min[kVnniMaxHeadDim / 16];
+  for (int v = 0; v < num_vectors; ++v) {
+    const __m512i pairs = _mm512_loadu_si512(unit + 64 * v);
+    scale[v] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(pairs));
+    min[v] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(pairs, 16)));
+  }
+  // q * scale of every head, and each block's largest |q * scale| (16 blocks per tree).
+  thread_local std::vector<float> folded, block_max;
+  folded.resize(static_cast<size_t>(group) * head_dim);
+  const size_t num_blocks = static_cast<size_t>(group) * blocks_per_head;
+  block_max.resize((num_blocks + 15) / 16 * 16);
+  __m512 block_abs[16];
+  size_t pending = 0;  // blocks in block_abs
+  for (int j = 0; j < group; ++j) {
+    const float* qj = q + static_cast<size_t>(j) * head_dim;
+    float* fj = folded.data() + static_cast<size_t>(j) * head_dim;
+    __m512 b = _mm512_setzero_ps();
+    for (int v = 0; v < num_vectors; v += 2) {
+      const __m512 q0 = _mm512_loadu_ps(qj + 16 * v), q1 = _mm512_loadu_ps(qj + 16 * v + 16);
+      const __m512 x0 = _mm512_mul_ps(q0, scale[v]), x1 = _mm512_mul_ps(q1, scale[v + 1]);
+      _mm512_storeu_ps(fj + 16 * v, x0);
+      _mm512_storeu_ps(fj + 16 * v + 16, x1);
+      b = _mm512_fmadd_ps(q1, min[v + 1], _mm512_fmadd_ps(q0, min[v], b));
+      block_abs[pending++] = _mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1));
+      if (pending == 16) {
+        const size_t first = static_cast<size_t>(j) * blocks_per_head + (v / 2) + 1 - 16;
+        MaxOfLanes16(block_abs, block_max.data() + first);
+        pending = 0;
+      }
+    }
+    bias[j] = _mm512_reduce_add_ps(b);
+  }
+  if (pending > 0) {
+    for (size_t i = pending; i < 16; ++i) block_abs[i] = _mm512_setzero_ps();
+    MaxOfLanes16(block_abs, block_max.data() + num_blocks - pending);
+  }
+  const __m512i query_index = _mm512_load_si512(plan.query_index);
+  for (int j = 0; j < group; ++j) {
+    const float* fj = folded.data() + static_cast<size_t>(j) * head_dim;
+    const float* mj = block_max.data() + static_cast<size_t>(j) * blocks_per_head;
+    VnniQuery& vq = out[j];
+    alignas(64) int8_t hi[kVnniMaxHeadDim];
+    for (int blk = 0; blk < blocks_per_head; ++blk) {
+      const float m = mj[blk];
+      // |x| * 127 / m <= 127 (to within a rounding that cvtps takes back to 127).
+      const __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+      for (int e = 32 * blk; e < 32 * blk + 32; e += 16) {
+        const __m512i h = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(fj + e), inv));
+        _mm_store_si128(reinterpret_cast<__m128i*>(hi + e), _mm512_cvtsepi32_epi8(h));
+      }
+      vq.block_scale[blk] = m / 127.0f / 256.0f;
+    }
+    for (int e = 0; e < head_dim; e += 64) {  // into [column][part][byte] order
+      _mm512_storeu_si512(reinterpret_cast<std::byte*>(vq.hi) + e,
+                          _mm512_permutexvar_epi8(query_index, _mm512_load_si512(hi + e)));
+    }
+    vq.group_sum[0] = 0.0f;  // (the unit's bias holds q . min)
+  }
+}
+
 // KIVI keys: a unit's key is codes * scale_c + min_c per channel c, so q . k = (q * scale) .
 // codes + q . min. Per unit and query head the query q' = q * scale is quantised as above (and
 // q . min kept as a bias); runs of a block's 16 keys that share a unit are scored with it.
@@ -452,10 +545,8 @@ KVS_VNNI_ATTR void VnniScoreTileKivi(const VnniPlan& plan, const RowSet& keys, c
   const size_t head_dim = plan.head_dim;
   const int code_dwords = static_cast<int>(head_dim) * kBits / 32;
   thread_local std::vector<VnniQuery> unit_queries;
-  thread_local std::vector<float> folded;  // [group][head_dim] q * scale of the unit
-  unit_queries.resize(group);
-  folded.resize(static_cast<size_t>(group) * head_dim);
   thread_local std::vector<float> bias;  // [group] q . min of the unit
+  unit_queries.resize(group);
   bias.resize(group);
   const std::byte* prepared_unit = nullptr;
   __m512 scale[1] = {_mm512_set1_ps(1.0f)}, min[1] = {_mm512_setzero_ps()};
@@ -471,25 +562,8 @@ KVS_VNNI_ATTR void VnniScoreTileKivi(const VnniPlan& plan, const RowSet& keys, c
       const std::byte* unit = keys.hdrs[k];
       size_t run_end = k + 1;
       while (run_end < key0 + 16 && keys.hdrs[run_end] == unit) ++run_end;
-      if (unit != prepared_unit) {  // the unit's (scale, min) pairs, folded into the queries
-        alignas(64) float scale_c[kVnniMaxHeadDim], min_c[kVnniMaxHeadDim];
-        for (size_t c = 0; c < head_dim; c += 16) {
-          const __m512i pairs = _mm512_loadu_si512(unit + 4 * c);
-          _mm512_store_ps(scale_c + c, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(pairs)));
-          _mm512_store_ps(min_c + c,
-                          _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(pairs, 16))));
-        }
-        for (int j = 0; j < group; ++j) {
-          __m512 b = _mm512_setzero_ps();
-          for (size_t c = 0; c < head_dim; c += 16) {
-            const __m512 qv = _mm512_loadu_ps(q + j * head_dim + c);
-            _mm512_storeu_ps(folded.data() + j * head_dim + c,
-                             _mm512_mul_ps(qv, _mm512_load_ps(scale_c + c)));
-            b = _mm512_fmadd_ps(qv, _mm512_load_ps(min_c + c), b);
-          }
-          bias[j] = _mm512_reduce_add_ps(b);
-        }
-        VnniPrepareQueries(plan, folded.data(), group, unit_queries.data());
+      if (unit != prepared_unit) {
+        VnniPrepareKiviUnit(plan, unit, q, group, unit_queries.data(), bias.data());
         prepared_unit = unit;
       }
       const __mmask16 run = static_cast<__mmask16>(((1u << (run_end - k)) - 1) << (k - key0));

@@ -265,15 +265,15 @@ TEST(AttentionTest, QuantisedCodecsAtEveryHeadDim) {
 TEST(AttentionTest, IntegerCodecsAtEveryGroupAndWidth) {
   // The integer readers' shapes (the VNNI ones on CPUs that have it): query heads per kv head
   // in steps of 4, 2 and 1 (3, 5, 8), head_dim with 2 or 4 blocks of 16 per pass and rows of
-  // one or two 64-byte halves (32 .. 256), groups of 16, 32 and the whole row, several tiles,
-  // sinks and pending tokens.
+  // one or two 64-byte halves (32 .. 256), groups of 16, 32 and the whole row, KIVI keys (1 to
+  // 64 blocks of 32 query elements per unit), several tiles, sinks and pending tokens.
   // Once with the integer dot-product readers (where the CPU has them) and once without.
   ThreadPool pool(2);
   for (const bool float_readers : {false, true}) {
     DisableIntegerDotProductsForTest(float_readers);
     SCOPED_TRACE(float_readers ? "float readers" : "integer readers where the CPU has them");
     for (int head_dim : {32, 96, 128, 256}) {
-      for (const char* name : {"int8", "int4", "int2", "int4-g16", "q4_absmax", "kivi2"}) {
+      for (const char* name : {"int8", "int4", "int2", "int4-g16", "q4_absmax", "kivi2", "kivi4"}) {
         std::string codec = name;
         if (codec == "int4-g16" && head_dim == 96) codec = "int4-g32";
         if (!CreateCodec(codec, head_dim, CodecRole::kKey).ok()) continue;
@@ -283,7 +283,7 @@ TEST(AttentionTest, IntegerCodecsAtEveryGroupAndWidth) {
           c.num_kv_heads = 1;
           c.group = group;
           c.head_dim = head_dim;
-          c.k_codec = codec.starts_with("kivi") ? "int4" : codec;
+          c.k_codec = codec;
           c.v_codec = codec;
           c.num_sinks = 3;
           c.extra_pending = 2;
