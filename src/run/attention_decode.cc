@@ -199,6 +199,9 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
       for (size_t pos = 0; pos < head_dim; ++pos) st[SplitElement(pos, nd, parts)] = row[pos];
     }
   }
+  if (vnni_values.ok && vnni_values.value_spans > 0) {  // span order: back to element order
+    VnniSpanOrderToElements(vnni_values, group, state, state_stride);
+  }
   if (sink != nullptr && sink->row != nullptr) {
     // What the merge of a single part computes: its max, and 1 / its sum (its weight there is
     // exp(0) = 1), the same bits.

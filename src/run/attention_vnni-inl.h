@@ -76,6 +76,15 @@ struct VnniPlan {
   // Queries: the vpermb index that puts the query bytes of each 64-element chunk in [column]
   // [part][byte] order (see VnniPrepareQueries).
   const uint8_t* query_index = nullptr;
+  // 4- and 2-bit values read by 16-byte spans (AccumulateSpans; 0: by blocks of 16 elements):
+  // spans per row, and the (scale, min) groups within a span (1, or 2 groups of 8 bytes).
+  int value_spans = 0;
+  int span_groups = 1;
+  // The vpermt2b indexes of AccumulateSpans: [span_groups - 1][span within the load].
+  const uint8_t (*span_index)[2][64] = nullptr;
+  // The state slot that holds each element (the inverse of SpanElement), for
+  // VnniSpanOrderToElements.
+  const int32_t* span_slot = nullptr;
 };
 
 // One query head quantised for a VnniPlan (see the file comment).
@@ -108,6 +117,60 @@ struct VnniTables {
   // within each 64 elements, so one vpermb per 64 query bytes: out[i] = in[query_index[i]].
   alignas(64) uint8_t query_index[64];
 };
+
+// Value spans (AccumulateSpans): dword i of a span takes byte SpanByte(i) of the span from the
+// first key of a pair (byte 0) and from the second (byte 2). With two groups in a span, lanes
+// alternate between them, so that one broadcast 64-bit weight pair serves a whole vector.
+constexpr int SpanByte(int lane, int span_groups) {
+  return span_groups == 1 ? lane : lane % 2 * 8 + lane / 2;
+}
+
+// The element that state slot `slot` of a span-read head holds: slot (s * parts + r) * 16 + i is
+// part r (bits [r * bits, (r + 1) * bits)) of byte SpanByte(i) of span s.
+inline int SpanElement(int slot, int bits, int span_groups) {
+  const int parts = 8 / bits, block = slot / 16;
+  return (16 * (block / parts) + SpanByte(slot % 16, span_groups)) * parts + block % parts;
+}
+
+// The inverse of SpanElement for `bits` and `span_groups`, over the largest head_dim (spans keep
+// their elements among their own slots, so every head_dim's slots map among themselves).
+const int32_t* SpanSlots(int bits, int span_groups) {
+  struct Slots {
+    int32_t slot[2][2][kVnniMaxHeadDim];  // [bits == 2][span_groups - 1][element]
+  };
+  static const Slots kSlots = [] {
+    Slots t{};
+    for (int b = 0; b < 2; ++b) {
+      for (int g = 0; g < 2; ++g) {
+        for (int slot = 0; slot < static_cast<int>(kVnniMaxHeadDim); ++slot) {
+          t.slot[b][g][SpanElement(slot, b == 0 ? 4 : 2, g + 1)] = slot;
+        }
+      }
+    }
+    return t;
+  }();
+  return kSlots.slot[bits == 2][span_groups - 1];
+}
+
+const uint8_t (*SpanIndexes())[2][64] {
+  struct Indexes {
+    alignas(64) uint8_t index[2][2][64];  // [span_groups - 1][span within the load]
+  };
+  static const Indexes kIndexes = [] {
+    Indexes t{};
+    for (int g = 0; g < 2; ++g) {
+      for (int span = 0; span < 2; ++span) {
+        for (int i = 0; i < 16; ++i) {
+          const int byte = 16 * span + SpanByte(i, g + 1);
+          t.index[g][span][4 * i] = static_cast<uint8_t>(byte);
+          t.index[g][span][4 * i + 2] = static_cast<uint8_t>(64 + byte);
+        }
+      }
+    }
+    return t;
+  }();
+  return kIndexes.index;
+}
 
 const VnniTables& VnniTablesFor(int bits) {
   static const auto kTables = [] {
@@ -174,6 +237,15 @@ VnniPlan PlanVnni(const SideSpec& side, size_t head_dim, size_t lanes) {
   const VnniTables& tables = VnniTablesFor(plan.bits);
   plan.index = tables.value_index;
   plan.query_index = tables.query_index;
+  const size_t row_bytes = head_dim * plan.bits / 8;
+  const int group_bytes = plan.group_elems * plan.bits / 8;
+  if (plan.bits < 8 && !plan.kivi && row_bytes % 16 == 0 &&
+      (group_bytes % 16 == 0 || group_bytes == 8)) {
+    plan.value_spans = static_cast<int>(row_bytes / 16);
+    plan.span_groups = group_bytes == 8 ? 2 : 1;
+    plan.span_index = SpanIndexes();
+    plan.span_slot = SpanSlots(plan.bits, plan.span_groups);
+  }
   plan.ok = true;
   return plan;
 }
@@ -693,6 +765,80 @@ KVS_VNNI_ATTR HWY_INLINE void AccumulatePairs(const VnniPlan& plan, const RowSet
   for (int i = 0; i < kNumQ * kBlocks; ++i) out[i] = acc[i];
 }
 
+// The i32 sums of one tile for kNumQ heads over the kSpans 16-byte spans [s0, s0 + kSpans) of
+// 4- or 2-bit codes (VnniPlan::value_spans): out[(j * kSpans + s) * kParts + r] for head j,
+// span s0 + s and part r, lane i holding element SpanElement. Per key pair and span, one
+// vpermt2b puts byte SpanByte(i) of both keys into the words of dword i, and each part is a
+// shift and a mask away; where the blocks of 16 elements (AccumulatePairs) spend a permute per
+// 16 elements, this spends one per 32 (4-bit) or 64 (2-bit).
+//   weights[j * kSpans + s]: head j's packed int16 pairs for span s0 + s, one dword per key
+//   pair (kGroups 1), or two (kGroups 2: the span's two groups, alternating lanes)
+template <int kBits, int kNumQ, int kSpans, int kGroups>
+KVS_VNNI_ATTR HWY_INLINE void AccumulateSpans(const VnniPlan& plan, const RowSet& values,
+                                              size_t num_pairs, const int32_t* const* weights,
+                                              int s0, __m512i* out) {
+  constexpr int kParts = 8 / kBits;
+  const size_t offset = plan.code_offset + 16 * static_cast<size_t>(s0);
+  const __m512i mask = _mm512_set1_epi16((1 << kBits) - 1);
+  __m512i index[kSpans];
+  const int32_t* w[kNumQ * kSpans];
+  __m512i acc[kNumQ * kSpans * kParts];
+#pragma GCC unroll 2
+  for (int s = 0; s < kSpans; ++s) {
+    index[s] = _mm512_load_si512(reinterpret_cast<const __m512i*>(plan.span_index[kGroups - 1][s]));
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < kNumQ * kSpans; ++i) w[i] = weights[i];
+#pragma GCC unroll 16
+  for (int i = 0; i < kNumQ * kSpans * kParts; ++i) acc[i] = _mm512_setzero_si512();
+  for (size_t u = 0; u < num_pairs; ++u) {
+    __m512i x0, x1;  // the spans of both keys (only their first 16 kSpans bytes are read)
+    if constexpr (kSpans == 2) {
+      x0 = _mm512_castsi256_si512(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values.rows[2 * u] + offset)));
+      x1 = _mm512_castsi256_si512(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values.rows[2 * u + 1] + offset)));
+    } else {
+      x0 = _mm512_castsi128_si512(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(values.rows[2 * u] + offset)));
+      x1 = _mm512_castsi128_si512(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(values.rows[2 * u + 1] + offset)));
+    }
+    __m512i codes[kSpans * kParts];
+#pragma GCC unroll 2
+    for (int s = 0; s < kSpans; ++s) {
+      const __m512i bytes = _mm512_maskz_permutex2var_epi8(0x5555555555555555ull, x0, index[s], x1);
+#pragma GCC unroll 4
+      for (int r = 0; r < kParts; ++r) {
+        codes[s * kParts + r] =
+            _mm512_and_si512(r == 0 ? bytes : _mm512_srli_epi32(bytes, r * kBits), mask);
+      }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < kNumQ; ++j) {
+#pragma GCC unroll 2
+      for (int s = 0; s < kSpans; ++s) {
+        const int32_t* ws = w[j * kSpans + s];
+        __m512i weight;
+        if constexpr (kGroups == 1) {
+          weight = _mm512_set1_epi32(ws[u]);
+        } else {
+          int64_t both;
+          std::memcpy(&both, ws + 2 * u, sizeof(both));
+          weight = _mm512_set1_epi64(both);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < kParts; ++r) {
+          acc[(j * kSpans + s) * kParts + r] = _mm512_dpwssd_epi32(
+              acc[(j * kSpans + s) * kParts + r], codes[s * kParts + r], weight);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < kNumQ * kSpans * kParts; ++i) out[i] = acc[i];
+}
+
 template <int kBits, int kBlocks, bool kPaired>
 KVS_VNNI_ATTR HWY_INLINE void AccumulateHeads(const VnniPlan& plan, const RowSet& values,
                                               size_t num_pairs, const int32_t* const* weights,
@@ -703,6 +849,70 @@ KVS_VNNI_ATTR HWY_INLINE void AccumulateHeads(const VnniPlan& plan, const RowSet
     AccumulatePairs<kBits, 2, kBlocks, kPaired>(plan, values, num_pairs, weights, m0, acc);
   } else {
     AccumulatePairs<kBits, 1, kBlocks, kPaired>(plan, values, num_pairs, weights, m0, acc);
+  }
+}
+
+// VnniAccumulateTileBits for span-read values (VnniPlan::value_spans): the sums by
+// AccumulateSpans, two spans per pass for 4-bit codes (16 accumulators for 4 heads), one for
+// 2-bit, added into the state in span order (slot s of a head holds element SpanElement(s);
+// DecodeChunk puts them back in element order once per task).
+//   weights: [group][num_groups][num_pairs] (pairs of groups interleaved, see the caller);
+//   w_scale, min_sum: [group][num_groups]
+template <int kBits>
+KVS_VNNI_ATTR void AccumulateTileBySpans(const VnniPlan& plan, const RowSet& values,
+                                         size_t num_pairs, const int32_t* weights,
+                                         const float* w_scale, const float* min_sum, int group,
+                                         float* state, size_t state_stride) {
+  constexpr int kParts = 8 / kBits;
+  const int num_groups = plan.num_groups, num_spans = plan.value_spans;
+  const int span_groups = plan.span_groups;
+  const int span_elems = 16 * kParts;
+  // The first group of span s (its only one, or the first of its two).
+  const auto group_of = [&](int s) { return s * span_elems / plan.group_elems; };
+  for (int j = 0, num_q = 0; j < group; j += num_q) {
+    num_q = group - j >= 4 ? 4 : group - j >= 2 ? 2 : 1;
+    for (int s0 = 0, spans = 0; s0 < num_spans; s0 += spans) {
+      spans = kBits == 4 && s0 + 2 <= num_spans ? 2 : 1;
+      const int32_t* w[8];  // [jj * spans + s]
+      for (int jj = 0; jj < num_q; ++jj) {
+        for (int s = 0; s < spans; ++s) {
+          w[jj * spans + s] =
+              weights + (static_cast<size_t>(j + jj) * num_groups + group_of(s0 + s)) * num_pairs;
+        }
+      }
+      __m512i acc[16];  // [(jj * spans + s) * kParts + r]
+      // (No generic dispatch: it would not carry this function's target attribute.)
+#define KVS_SPANS(kNumQ, kSpans)                                                       \
+  (span_groups == 1                                                                    \
+       ? AccumulateSpans<kBits, kNumQ, kSpans, 1>(plan, values, num_pairs, w, s0, acc) \
+       : AccumulateSpans<kBits, kNumQ, kSpans, 2>(plan, values, num_pairs, w, s0, acc))
+      if (spans == 2) {
+        if constexpr (kBits == 4) {
+          num_q == 4 ? KVS_SPANS(4, 2) : num_q == 2 ? KVS_SPANS(2, 2) : KVS_SPANS(1, 2);
+        }
+      } else {
+        num_q == 4 ? KVS_SPANS(4, 1) : num_q == 2 ? KVS_SPANS(2, 1) : KVS_SPANS(1, 1);
+      }
+#undef KVS_SPANS
+      for (int jj = 0; jj < num_q; ++jj) {
+        const int head = j + jj;
+        for (int s = 0; s < spans; ++s) {
+          // The scales and minima's sums of the span's groups: lanes alternate between two.
+          const int g = group_of(s0 + s), g2 = span_groups == 2 ? g + 1 : g;
+          const size_t h = static_cast<size_t>(head) * num_groups;
+          const __m512 scale = _mm512_mask_blend_ps(0xAAAA, _mm512_set1_ps(w_scale[h + g]),
+                                                    _mm512_set1_ps(w_scale[h + g2]));
+          const __m512 min = _mm512_mask_blend_ps(0xAAAA, _mm512_set1_ps(min_sum[h + g]),
+                                                  _mm512_set1_ps(min_sum[h + g2]));
+          for (int r = 0; r < kParts; ++r) {
+            float* st = state + head * state_stride + ((s0 + s) * kParts + r) * 16;
+            const __m512 v =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[(jj * spans + s) * kParts + r]), scale, min);
+            _mm512_storeu_ps(st, _mm512_add_ps(_mm512_loadu_ps(st), v));
+          }
+        }
+      }
+    }
   }
 }
 
@@ -763,16 +973,34 @@ KVS_VNNI_ATTR void VnniAccumulateTileBits(const VnniPlan& plan, const RowSet& va
       const float* sg = hs + g * num_keys16;
       const float* mg = hm + g * num_keys16;
       w_scale[j * num_groups + g] = p_max * group_scale_max[g] / 32767.0f;
-      int32_t* wq = weights.data() + (static_cast<size_t>(j) * num_groups + g) * group_stride;
+      // Span-read pairs of groups (VnniPlan::span_groups 2) interleave their dwords: pair u of
+      // groups g and g + 1 (g even) at 2 u and 2 u + 1 of both groups' rows.
+      const bool interleaved = plan.value_spans > 0 && plan.span_groups == 2;
+      int32_t* wq =
+          weights.data() +
+          (static_cast<size_t>(j) * num_groups + (interleaved ? g & ~1 : g)) * group_stride;
       __m512 vmin_sum = _mm512_setzero_ps();
       for (size_t k = 0; k < num_keys16; k += 16) {
         vmin_sum = _mm512_fmadd_ps(_mm512_loadu_ps(pj + k), _mm512_loadu_ps(mg + k), vmin_sum);
         const __m512 w = _mm512_mul_ps(_mm512_loadu_ps(pn + k), _mm512_loadu_ps(sg + k));
         // Nearest int16 of each key's weight; keys 2u and 2u + 1 share dword u.
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(wq + k / 2),
-                            _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(w)));
+        const __m256i packed = _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(w));
+        if (interleaved) {
+          const __m512i spread = _mm512_permutexvar_epi32(
+              _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0),
+              _mm512_castsi256_si512(packed));
+          _mm512_mask_storeu_epi32(wq + k, g % 2 == 0 ? 0x5555 : 0xAAAA, spread);
+        } else {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(wq + k / 2), packed);
+        }
       }
       min_sum[j * num_groups + g] = _mm512_reduce_add_ps(vmin_sum);
+    }
+  }
+  if constexpr (kBits < 8) {
+    if (plan.value_spans > 0) {
+      return AccumulateTileBySpans<kBits>(plan, values, num_pairs, weights.data(), w_scale.data(),
+                                          min_sum.data(), group, state, state_stride);
     }
   }
   // The sums, 4 blocks of 16 elements (2 where head_dim is not a multiple of 64) for up to 4
@@ -837,6 +1065,21 @@ void VnniAccumulateTile(const VnniPlan& plan, const RowSet& values, size_t num_k
   }
 }
 
+// A task's `group` states [group, state_stride] from span order (AccumulateTileBySpans) back to
+// element order, once per task: st[e] = st[span_slot[e]] by gathers from a copy.
+KVS_VNNI_ATTR void VnniSpanOrderToElements(const VnniPlan& plan, int group, float* state,
+                                           size_t state_stride) {
+  alignas(64) float row[kVnniMaxHeadDim];
+  for (int j = 0; j < group; ++j) {
+    float* st = state + j * state_stride;
+    std::memcpy(row, st, plan.head_dim * sizeof(float));
+    for (size_t e = 0; e < plan.head_dim; e += 16) {
+      const __m512i slots = _mm512_loadu_si512(plan.span_slot + e);
+      _mm512_storeu_ps(st + e, _mm512_i32gather_ps(slots, row, sizeof(float)));
+    }
+  }
+}
+
 #undef KVS_VNNI_ATTR
 
 #else  // not AVX3: the float readers everywhere
@@ -847,6 +1090,7 @@ void VnniScoreTile(const VnniPlan&, const RowSet&, const RowSet&, size_t, const 
                    const float*, int, float*, size_t) {}
 void VnniAccumulateTile(const VnniPlan&, const RowSet&, size_t, const float*, size_t, int, float*,
                         size_t) {}
+void VnniSpanOrderToElements(const VnniPlan&, int, float*, size_t) {}
 
 #endif  // HWY_TARGET == HWY_AVX3
 
