@@ -20,7 +20,11 @@
 // off by at most max|q| / 65024, below the rounding of an F16 query. The scores' minimum terms
 // use the exact query sum.
 //
-// Values: see VnniAccumulateTile (int16 weights, vpdpwssd over pairs of keys).
+// KIVI keys fold each unit's per-channel scales into the query, so their queries are quantised
+// once per unit (VnniPrepareKiviUnit) instead of once per task.
+//
+// Values: see VnniAccumulateTile (int16 weights, vpdpwssd over pairs of keys; 4- and 2-bit codes
+// by 16-byte spans, AccumulateSpans).
 //
 // Formats: int8 rows ([f16 scale][int8 codes], codes offset by +128 to unsigned and corrected),
 // integer groups of 4 or 2 bits with (scale, min) pairs per group of >= 16 elements in the row
@@ -250,7 +254,8 @@ VnniPlan PlanVnni(const SideSpec& side, size_t head_dim, size_t lanes) {
   return plan;
 }
 
-// Quantises the `group` query heads q: [group, head_dim] (scaled, rotated) for `plan`.
+// Quantises the `group` query heads q: [group, head_dim] (scaled, rotated) for `plan` (not KIVI
+// keys: VnniPrepareKiviUnit).
 KVS_VNNI_ATTR void VnniPrepareQueries(const VnniPlan& plan, const float* q, int group,
                                       VnniQuery* out) {
   const int head_dim = static_cast<int>(plan.head_dim);
@@ -299,7 +304,6 @@ KVS_VNNI_ATTR void VnniPrepareQueries(const VnniPlan& plan, const float* q, int 
       _mm512_storeu_si512(reinterpret_cast<std::byte*>(vq.lo) + e,
                           _mm512_permutexvar_epi8(query_index, _mm512_load_si512(lo + e)));
     }
-    if (plan.kivi) continue;  // no group minima: the unit's bias holds q . min
     for (int g = 0; g < plan.num_groups; ++g) {
       __m512 sum = _mm512_setzero_ps();
       for (int e = g * plan.group_elems; e < (g + 1) * plan.group_elems; e += 16) {
