@@ -360,13 +360,13 @@ KVS_VNNI_ATTR HWY_INLINE void LoadColumns(const std::byte* const* base, size_t o
 
 // Scores of 16 keys (columns `cols`) against kNumQ query heads, written to s[j * s_stride].
 // kPrecise: with the query's low bytes (int8 keys); otherwise hi alone (see the file comment).
-template <int kBits, int kNumQ, bool kPrecise>
+template <int kBits, int kNumQ, bool kPrecise, int kBlockElems>
 KVS_VNNI_ATTR HWY_INLINE void ScoreColumns(const VnniPlan& plan, const __m512i* cols,
                                            const __m512* scale, const __m512* min,
                                            const VnniQuery* q, float* s, size_t s_stride) {
   constexpr int kParts = 8 / kBits;
-  const int cols_per_block = plan.block_elems / (4 * kParts);
-  const int blocks_per_group = plan.group_elems / plan.block_elems;
+  constexpr int kColsPerBlock = kBlockElems / (4 * kParts);
+  const int blocks_per_group = plan.group_elems / kBlockElems;
   const int num_groups = plan.num_groups;
   const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << kBits) - 1));
   const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
@@ -376,7 +376,9 @@ KVS_VNNI_ATTR HWY_INLINE void ScoreColumns(const VnniPlan& plan, const __m512i* 
     for (int b_end = b + blocks_per_group; b < b_end; ++b) {
       __m512i hi[kNumQ], lo[kNumQ];
       for (int j = 0; j < kNumQ; ++j) hi[j] = lo[j] = _mm512_setzero_si512();
-      for (int c = b * cols_per_block; c < (b + 1) * cols_per_block; ++c) {
+#pragma GCC unroll 8
+      for (int c = b * kColsPerBlock; c < (b + 1) * kColsPerBlock; ++c) {
+#pragma GCC unroll 4
         for (int r = 0; r < kParts; ++r) {
           __m512i u;
           if constexpr (kBits == 8) {
@@ -393,12 +395,13 @@ KVS_VNNI_ATTR HWY_INLINE void ScoreColumns(const VnniPlan& plan, const __m512i* 
         }
       }
       for (int j = 0; j < kNumQ; ++j) {
-        __m512i acc = _mm512_slli_epi32(hi[j], 8);
-        if constexpr (kPrecise) acc = _mm512_add_epi32(acc, lo[j]);
+        // hi alone: its step is 256 block_scale (exact), which saves the shift.
+        __m512i acc = kPrecise ? _mm512_add_epi32(_mm512_slli_epi32(hi[j], 8), lo[j]) : hi[j];
         if constexpr (kBits == 8) {
           acc = _mm512_sub_epi32(acc, _mm512_set1_epi32(q[j].correction[b]));
         }
-        const __m512 block_scale = _mm512_set1_ps(q[j].block_scale[b]);
+        const __m512 block_scale =
+            _mm512_set1_ps(kPrecise ? q[j].block_scale[b] : 256.0f * q[j].block_scale[b]);
         total[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(scale[g], block_scale),
                                    total[j]);
       }
@@ -486,7 +489,7 @@ KVS_VNNI_ATTR HWY_INLINE void LoadGroupScales(const VnniPlan& plan, const RowSet
   }
 }
 
-template <int kBits>
+template <int kBits, int kBlockElems>
 KVS_VNNI_ATTR void VnniScoreTileBits(const VnniPlan& plan, const RowSet& keys, const RowSet& values,
                                      size_t num_keys, const VnniQuery* q, int group, float* s,
                                      size_t s_stride) {
@@ -503,16 +506,16 @@ KVS_VNNI_ATTR void VnniScoreTileBits(const VnniPlan& plan, const RowSet& keys, c
     // (No lambda: it would not carry this function's target attribute.)
     int j = 0;
     for (; j + 4 <= group; j += 4) {
-      ScoreColumns<kBits, 4, kBits == 8>(plan, cols, scale, min, q + j, s + j * s_stride + key0,
-                                         s_stride);
+      ScoreColumns<kBits, 4, kBits == 8, kBlockElems>(plan, cols, scale, min, q + j,
+                                                      s + j * s_stride + key0, s_stride);
     }
     for (; j + 2 <= group; j += 2) {
-      ScoreColumns<kBits, 2, kBits == 8>(plan, cols, scale, min, q + j, s + j * s_stride + key0,
-                                         s_stride);
+      ScoreColumns<kBits, 2, kBits == 8, kBlockElems>(plan, cols, scale, min, q + j,
+                                                      s + j * s_stride + key0, s_stride);
     }
     for (; j < group; ++j) {
-      ScoreColumns<kBits, 1, kBits == 8>(plan, cols, scale, min, q + j, s + j * s_stride + key0,
-                                         s_stride);
+      ScoreColumns<kBits, 1, kBits == 8, kBlockElems>(plan, cols, scale, min, q + j,
+                                                      s + j * s_stride + key0, s_stride);
     }
   }
 }
@@ -646,11 +649,14 @@ KVS_VNNI_ATTR void VnniScoreTileKivi(const VnniPlan& plan, const RowSet& keys, c
       for (int j = 0; j < group;) {
         const int step = std::min(4, group - j);
         if (step == 4) {
-          ScoreColumns<kBits, 4, false>(plan, cols, scale, min, &unit_queries[j], block_scores, 16);
+          ScoreColumns<kBits, 4, false, 32>(plan, cols, scale, min, &unit_queries[j], block_scores,
+                                            16);
         } else if (step >= 2) {
-          ScoreColumns<kBits, 2, false>(plan, cols, scale, min, &unit_queries[j], block_scores, 16);
+          ScoreColumns<kBits, 2, false, 32>(plan, cols, scale, min, &unit_queries[j], block_scores,
+                                            16);
         } else {
-          ScoreColumns<kBits, 1, false>(plan, cols, scale, min, &unit_queries[j], block_scores, 16);
+          ScoreColumns<kBits, 1, false, 32>(plan, cols, scale, min, &unit_queries[j], block_scores,
+                                            16);
         }
         const int done = step == 3 ? 2 : step;
         for (int jj = 0; jj < done; ++jj) {
@@ -676,13 +682,18 @@ void VnniScoreTile(const VnniPlan& plan, const RowSet& keys, const RowSet& value
     }
     return VnniScoreTileKivi<2>(plan, keys, values, num_keys, q_float, group, s, s_stride);
   }
+  const bool block32 = plan.block_elems == 32;
   switch (plan.bits) {
-    case 8:
-      return VnniScoreTileBits<8>(plan, keys, values, num_keys, q, group, s, s_stride);
+    case 8:  // (int8 rows are one group of head_dim, a multiple of 32)
+      return VnniScoreTileBits<8, 32>(plan, keys, values, num_keys, q, group, s, s_stride);
     case 4:
-      return VnniScoreTileBits<4>(plan, keys, values, num_keys, q, group, s, s_stride);
+      return block32
+                 ? VnniScoreTileBits<4, 32>(plan, keys, values, num_keys, q, group, s, s_stride)
+                 : VnniScoreTileBits<4, 16>(plan, keys, values, num_keys, q, group, s, s_stride);
     default:
-      return VnniScoreTileBits<2>(plan, keys, values, num_keys, q, group, s, s_stride);
+      return block32
+                 ? VnniScoreTileBits<2, 32>(plan, keys, values, num_keys, q, group, s, s_stride)
+                 : VnniScoreTileBits<2, 16>(plan, keys, values, num_keys, q, group, s, s_stride);
   }
 }
 
