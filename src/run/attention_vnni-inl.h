@@ -342,11 +342,85 @@ KVS_VNNI_ATTR HWY_INLINE void Transpose16(__m512i r[16]) {
   }
 }
 
+// LoadColumns for num_dwords <= 4 (headers, short code rows): 4 rows per vector by 128-bit
+// inserts, then two rounds of two-source permutes instead of a whole 16x16 transpose.
+KVS_VNNI_ATTR HWY_INLINE void LoadFourColumns(const std::byte* const* base, size_t offset,
+                                              int num_dwords, __m512i* cols) {
+  const __mmask8 mask = static_cast<__mmask8>((1u << num_dwords) - 1);
+  __m512i a[4];  // rows 4 i .. 4 i + 3, one per 128-bit lane
+  for (int i = 0; i < 4; ++i) {
+    const auto row = [&](int k) { return _mm_maskz_loadu_epi32(mask, base[4 * i + k] + offset); };
+    __m512i v = _mm512_castsi128_si512(row(0));
+    v = _mm512_inserti32x4(v, row(1), 1);
+    v = _mm512_inserti32x4(v, row(2), 2);
+    a[i] = _mm512_inserti32x4(v, row(3), 3);
+  }
+  // Round 1: b[2 h + d / 2] = dwords d, d + 1 (d even) of rows 8 h .. 8 h + 7, 8 each.
+  // Round 2: column d = dword d of rows 0..7 then of rows 8..15.
+  alignas(64) static constexpr auto kIndex = [] {
+    std::array<std::array<int32_t, 16>, 4> index{};
+    for (int p = 0; p < 16; ++p) {
+      const int row = p % 8, d = p / 8;  // round 1, dword pair (0, 1)
+      index[0][p] = (row / 4) * 16 + 4 * (row % 4) + d;
+      index[1][p] = index[0][p] + 2;         // dword pair (2, 3)
+      index[2][p] = p < 8 ? p : 16 + p - 8;  // round 2, the first dword of each pair
+      index[3][p] = p < 8 ? 8 + p : 16 + p;  // the second
+    }
+    return index;
+  }();
+  const auto idx = [&](int i) {
+    return _mm512_load_si512(reinterpret_cast<const __m512i*>(kIndex[i].data()));
+  };
+  const __m512i b01 = _mm512_permutex2var_epi32(a[0], idx(0), a[1]);  // rows 0-7: d0, d1
+  const __m512i b23 = _mm512_permutex2var_epi32(a[0], idx(1), a[1]);  // rows 0-7: d2, d3
+  const __m512i c01 = _mm512_permutex2var_epi32(a[2], idx(0), a[3]);  // rows 8-15: d0, d1
+  const __m512i c23 = _mm512_permutex2var_epi32(a[2], idx(1), a[3]);  // rows 8-15: d2, d3
+  cols[0] = _mm512_permutex2var_epi32(b01, idx(2), c01);
+  cols[1] = _mm512_permutex2var_epi32(b01, idx(3), c01);
+  cols[2] = _mm512_permutex2var_epi32(b23, idx(2), c23);
+  cols[3] = _mm512_permutex2var_epi32(b23, idx(3), c23);
+}
+
+// LoadColumns for 4 < num_dwords <= 8: two rows per vector (256 bits each), then an 8x8 dword
+// transpose of both halves at once, 24 shuffles where Transpose16 takes 64. Vector m holds row
+// kFirst[m] in its low half and kFirst[m] + 4 in its high half, the order in which the last
+// round's 128-bit selects leave the rows as lanes 0..15.
+KVS_VNNI_ATTR HWY_INLINE void LoadEightColumns(const std::byte* const* base, size_t offset,
+                                               int num_dwords, __m512i* cols) {
+  static constexpr int kFirst[8] = {0, 1, 2, 3, 8, 9, 10, 11};
+  const __mmask8 mask = static_cast<__mmask8>((1u << num_dwords) - 1);
+  __m512i r[8];
+  for (int m = 0; m < 8; ++m) {
+    const __m256i low = _mm256_maskz_loadu_epi32(mask, base[kFirst[m]] + offset);
+    const __m256i high = _mm256_maskz_loadu_epi32(mask, base[kFirst[m] + 4] + offset);
+    r[m] = _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
+  }
+  __m512i t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  // u[i + k], 128-bit lanes 0..3: column k and 4 + k of rows kFirst[i..i + 3], then of those
+  // rows + 4.
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    cols[k] = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88);
+    cols[4 + k] = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xDD);
+  }
+}
+
 // Columns [0, num_dwords) of the 16 rows base[k] + offset, dword c of every row in cols[c]
 // (16 lanes = 16 rows). Reads only those bytes of each row; cols has room for num_dwords
-// rounded up to 16 (the columns past num_dwords are zero).
+// rounded up to 4, 8 or a multiple of 16, and the columns past num_dwords up to there are zero.
 KVS_VNNI_ATTR HWY_INLINE void LoadColumns(const std::byte* const* base, size_t offset,
                                           int num_dwords, __m512i* cols) {
+  if (num_dwords <= 4) return LoadFourColumns(base, offset, num_dwords, cols);
+  if (num_dwords <= 8) return LoadEightColumns(base, offset, num_dwords, cols);
   for (int c0 = 0; c0 < num_dwords; c0 += 16) {
     const int n = std::min(16, num_dwords - c0);
     const __mmask16 mask = static_cast<__mmask16>((1u << n) - 1);
@@ -415,46 +489,6 @@ KVS_VNNI_ATTR HWY_INLINE void ScoreColumns(const VnniPlan& plan, const __m512i* 
   for (int j = 0; j < kNumQ; ++j) _mm512_storeu_ps(s + j * s_stride, total[j]);
 }
 
-// The first num_dwords <= 4 dwords of the 16 rows base[k] as columns (cols[c]: dword c of
-// every row; zero past num_dwords), for headers: 4 rows per vector by 128-bit inserts, then two
-// rounds of two-source permutes instead of a whole 16x16 transpose. Reads only those dwords.
-KVS_VNNI_ATTR HWY_INLINE void LoadFourColumns(const std::byte* const* base, int num_dwords,
-                                              __m512i* cols) {
-  const __mmask8 mask = static_cast<__mmask8>((1u << num_dwords) - 1);
-  __m512i a[4];  // rows 4 i .. 4 i + 3, one per 128-bit lane
-  for (int i = 0; i < 4; ++i) {
-    const auto row = [&](int k) { return _mm_maskz_loadu_epi32(mask, base[4 * i + k]); };
-    __m512i v = _mm512_castsi128_si512(row(0));
-    v = _mm512_inserti32x4(v, row(1), 1);
-    v = _mm512_inserti32x4(v, row(2), 2);
-    a[i] = _mm512_inserti32x4(v, row(3), 3);
-  }
-  // Round 1: b[2 h + d / 2] = dwords d, d + 1 (d even) of rows 8 h .. 8 h + 7, 8 each.
-  // Round 2: column d = dword d of rows 0..7 then of rows 8..15.
-  alignas(64) static constexpr auto kIndex = [] {
-    std::array<std::array<int32_t, 16>, 4> index{};
-    for (int p = 0; p < 16; ++p) {
-      const int row = p % 8, d = p / 8;  // round 1, dword pair (0, 1)
-      index[0][p] = (row / 4) * 16 + 4 * (row % 4) + d;
-      index[1][p] = index[0][p] + 2;         // dword pair (2, 3)
-      index[2][p] = p < 8 ? p : 16 + p - 8;  // round 2, the first dword of each pair
-      index[3][p] = p < 8 ? 8 + p : 16 + p;  // the second
-    }
-    return index;
-  }();
-  const auto idx = [&](int i) {
-    return _mm512_load_si512(reinterpret_cast<const __m512i*>(kIndex[i].data()));
-  };
-  const __m512i b01 = _mm512_permutex2var_epi32(a[0], idx(0), a[1]);  // rows 0-7: d0, d1
-  const __m512i b23 = _mm512_permutex2var_epi32(a[0], idx(1), a[1]);  // rows 0-7: d2, d3
-  const __m512i c01 = _mm512_permutex2var_epi32(a[2], idx(0), a[3]);  // rows 8-15: d0, d1
-  const __m512i c23 = _mm512_permutex2var_epi32(a[2], idx(1), a[3]);  // rows 8-15: d2, d3
-  cols[0] = _mm512_permutex2var_epi32(b01, idx(2), c01);
-  cols[1] = _mm512_permutex2var_epi32(b01, idx(3), c01);
-  cols[2] = _mm512_permutex2var_epi32(b23, idx(2), c23);
-  cols[3] = _mm512_permutex2var_epi32(b23, idx(3), c23);
-}
-
 // The per-key (scale, min) of every group of 16 keys as vectors over the keys.
 KVS_VNNI_ATTR HWY_INLINE void LoadGroupScales(const VnniPlan& plan, const RowSet& keys, size_t key0,
                                               __m512* scale, __m512* min) {
@@ -467,11 +501,7 @@ KVS_VNNI_ATTR HWY_INLINE void LoadGroupScales(const VnniPlan& plan, const RowSet
   }
   const int header_dwords = plan.absmax ? (plan.num_groups + 1) / 2 : plan.num_groups;
   __m512i cols[16];
-  if (header_dwords <= 4) {
-    LoadFourColumns(keys.hdrs + key0, header_dwords, cols);
-  } else {
-    LoadColumns(keys.hdrs + key0, 0, header_dwords, cols);
-  }
+  LoadColumns(keys.hdrs + key0, 0, header_dwords, cols);
   for (int c = 0; c < header_dwords; ++c) {
     const __m512 low = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(cols[c]));
     const __m512 high = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(cols[c], 16)));
