@@ -320,7 +320,7 @@ HWY_INLINE void ForEachHeadStep(int group, Fn&& fn) {
 // only the start of each run of rows and leaving the rest to the hardware was faster for caches
 // that fit in L2 but a third slower from DRAM: bf16 at 32k tokens 9.6 ms instead of 6.2 ms.)
 // Rows that lie back to back (within a block) are requested as one byte range, each line once:
-// 5 requests instead of 8 for 4-bit rows of head_dim 128 (OneThreadB/int4/1024 2-3 % faster).
+// 5 requests instead of 8 for 4-bit rows of head_dim 128 (OneThreadB/int4/1024 1-3 % faster).
 HWY_INLINE void PrefetchAhead(const RowSet& set, size_t key, size_t num_keys) {
   if (set.prefetch_bytes == 0) return;
   const size_t first = key + kPrefetchAhead;

@@ -314,22 +314,28 @@ KVS_VNNI_ATTR void VnniPrepareQueries(const VnniPlan& plan, const float* q, int 
   }
 }
 
-// In-register transpose of a 16x16 matrix of dwords: r[i] holds row i on entry, column i on
-// exit.
-KVS_VNNI_ATTR HWY_INLINE void Transpose16(__m512i r[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {
+// The first two rounds of a dword transpose, within each 128-bit lane: u[i + k] (i a multiple
+// of 4, k < 4) holds in 128-bit lane L dword 4 L + k of rows r[i .. i + 3].
+template <int kRows>
+KVS_VNNI_ATTR HWY_INLINE void TransposeWithinLanes(const __m512i* r, __m512i* u) {
+  __m512i t[kRows];
+  for (int i = 0; i < kRows; i += 2) {
     t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
     t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
   }
-  // u[4 i + k], 128-bit lane L: column 4 L + k of rows 4 i .. 4 i + 3.
-  __m512i u[16];
-  for (int i = 0; i < 16; i += 4) {
+  for (int i = 0; i < kRows; i += 4) {
     u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
     u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
     u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
     u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
   }
+}
+
+// In-register transpose of a 16x16 matrix of dwords: r[i] holds row i on entry, column i on
+// exit.
+KVS_VNNI_ATTR HWY_INLINE void Transpose16(__m512i r[16]) {
+  __m512i u[16];
+  TransposeWithinLanes<16>(r, u);
   for (int k = 0; k < 4; ++k) {
     const __m512i v0 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x44);
     const __m512i v1 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xEE);
@@ -395,19 +401,10 @@ KVS_VNNI_ATTR HWY_INLINE void LoadEightColumns(const std::byte* const* base, siz
     const __m256i high = _mm256_maskz_loadu_epi32(mask, base[kFirst[m] + 4] + offset);
     r[m] = _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
   }
-  __m512i t[8], u[8];
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
   // u[i + k], 128-bit lanes 0..3: column k and 4 + k of rows kFirst[i..i + 3], then of those
   // rows + 4.
-  for (int i = 0; i < 8; i += 4) {
-    u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
+  __m512i u[8];
+  TransposeWithinLanes<8>(r, u);
   for (int k = 0; k < 4; ++k) {
     cols[k] = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88);
     cols[4 + k] = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xDD);
