@@ -8,8 +8,9 @@
 //
 // Keys: the query is quantised to int8 once per task and one vpdpbusd multiplies 64 key codes
 // (u8) by 64 query bytes (s8). The keys of 16 tokens are transposed so that each i32 lane holds
-// one token: a 16x16 dword transpose turns 16 rows into columns of 4 code bytes, and the query
-// bytes that match a column are a broadcast operand. Scores then come out one vector per 16
+// one token: a 16x16 dword transpose (LoadColumns; 8x8 of two rows per vector for rows of at
+// most 8 dwords) turns 16 rows into columns of 4 code bytes, and the query bytes that match a
+// column are a broadcast operand. Scores then come out one vector per 16
 // tokens with no horizontal sums, and per-group scales and minima multiply whole vectors.
 //
 // Query quantisation (what it costs in accuracy): per block of 32 elements (16 for 16-element
