@@ -13,6 +13,7 @@
 namespace kvstack {
 namespace {
 std::atomic<bool> integer_dot_products_disabled{false};
+std::atomic<bool> tile_multiplies_disabled{false};
 }  // namespace
 
 void DisableIntegerDotProductsForTest(bool disabled) {
@@ -20,6 +21,12 @@ void DisableIntegerDotProductsForTest(bool disabled) {
 }
 bool IntegerDotProductsDisabledForTest() {
   return integer_dot_products_disabled.load(std::memory_order_relaxed);
+}
+void DisableTileMultipliesForTest(bool disabled) {
+  tile_multiplies_disabled.store(disabled, std::memory_order_relaxed);
+}
+bool TileMultipliesDisabledForTest() {
+  return tile_multiplies_disabled.load(std::memory_order_relaxed);
 }
 
 void Attention(const KvLayerView& view, const float* q, int num_queries,

@@ -32,6 +32,7 @@
 // Order matters: foreach_target.h must come before highway.h.
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
+#include "run/attention_amx-inl.h"
 #include "run/attention_readers-inl.h"
 #include "run/attention_rows-inl.h"
 #include "run/attention_vnni-inl.h"
@@ -130,7 +131,12 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
   const VnniPlan vnni = PlanVnni(k_side, head_dim, nd);
   const VnniPlan vnni_values = PlanVnni(v_side, head_dim, nd);
   thread_local std::vector<VnniQuery> vnni_queries;
-  if (vnni.ok && !vnni.kivi) {  // (KIVI quantises per unit: its scales fold into the query)
+  // int8 keys on CPUs with AMX: by tile multiplies (attention_amx-inl.h).
+  const bool amx_keys = AmxKeysApply(vnni, group);
+  thread_local AmxQueries amx_queries;
+  if (amx_keys) {
+    AmxPrepareQueries(vnni, q, group, &amx_queries);
+  } else if (vnni.ok && !vnni.kivi) {  // (KIVI quantises per unit: its scales fold into the query)
     vnni_queries.resize(group);
     VnniPrepareQueries(vnni, q, group, vnni_queries.data());
   }
@@ -148,7 +154,9 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
     float* const s = in_place ? sink->probs + t0 : scratch;  // [group, s_stride]
     FillRows(view, k_side, true, kv_head, t0, t1, &keys);
     FillRows(view, v_side, false, kv_head, t0, t1, &values);
-    if (vnni.ok) {
+    if (amx_keys) {
+      AmxScoreTile(vnni, keys, values, num_keys, amx_queries, group, s, s_stride);
+    } else if (vnni.ok) {
       VnniScoreTile(vnni, keys, values, num_keys, vnni_queries.data(), q, group, s, s_stride);
     } else {
       score(keys, values, num_keys, q, group, head_dim, s, s_stride);

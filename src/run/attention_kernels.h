@@ -25,4 +25,9 @@ void PrefillAttention(const KvLayerView& view, const float* q, int num_queries,
 void DisableIntegerDotProductsForTest(bool disabled);
 bool IntegerDotProductsDisabledForTest();
 
+// Tests only: whether the AMX tile multiplies (attention_amx-inl.h) are switched off, so that the
+// VNNI readers they replace on CPUs with AMX are tested there too. Same contract as above.
+void DisableTileMultipliesForTest(bool disabled);
+bool TileMultipliesDisabledForTest();
+
 }  // namespace kvstack

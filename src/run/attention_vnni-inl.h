@@ -255,13 +255,49 @@ VnniPlan PlanVnni(const SideSpec& side, size_t head_dim, size_t lanes) {
   return plan;
 }
 
+// The largest |x[e]| of x[0, n), n a multiple of 16.
+KVS_VNNI_ATTR float MaxAbs(const float* x, int n) {
+  __m512 max_abs = _mm512_setzero_ps();
+  for (int e = 0; e < n; e += 16) {
+    max_abs = _mm512_max_ps(max_abs, _mm512_abs_ps(_mm512_loadu_ps(x + e)));
+  }
+  return _mm512_reduce_max_ps(max_abs);
+}
+
+// Quantises x[0, n) (n a multiple of 16) with the step sq = max_abs / 127: hi[e] = round(x[e] /
+// sq) and, with lo (not null), lo[e] = round(256 (x[e] - hi[e] sq) / sq), each clamped to
+// [-127, 127]. Returns the sum of 256 hi + lo over the elements (0 without lo).
+KVS_VNNI_ATTR int32_t QuantiseHiLo(const float* x, int n, float max_abs, int8_t* hi, int8_t* lo) {
+  const __m512i limit = _mm512_set1_epi32(127);
+  const __m512 sq = _mm512_set1_ps(max_abs / 127.0f);
+  const __m512 inv = _mm512_set1_ps(max_abs > 0.0f ? 127.0f / max_abs : 0.0f);
+  __m512i sum = _mm512_setzero_si512();
+  for (int e = 0; e < n; e += 16) {
+    const __m512 v = _mm512_loadu_ps(x + e);
+    // Round to nearest (the default rounding mode), clamped to the int8 range.
+    const __m512i h =
+        _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v, inv)), limit),
+                         _mm512_sub_epi32(_mm512_setzero_si512(), limit));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + e), _mm512_cvtepi32_epi8(h));
+    if (lo == nullptr) continue;
+    const __m512 rest = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(h), sq, v);
+    const __m512i l = _mm512_max_epi32(
+        _mm512_min_epi32(
+            _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(rest, inv), _mm512_set1_ps(256.0f))),
+            limit),
+        _mm512_sub_epi32(_mm512_setzero_si512(), limit));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + e), _mm512_cvtepi32_epi8(l));
+    sum = _mm512_add_epi32(sum, _mm512_add_epi32(_mm512_slli_epi32(h, 8), l));
+  }
+  return _mm512_reduce_add_epi32(sum);
+}
+
 // Quantises the `group` query heads q: [group, head_dim] (scaled, rotated) for `plan` (not KIVI
 // keys: VnniPrepareKiviUnit).
 KVS_VNNI_ATTR void VnniPrepareQueries(const VnniPlan& plan, const float* q, int group,
                                       VnniQuery* out) {
   const int head_dim = static_cast<int>(plan.head_dim);
   const int block = plan.block_elems;
-  const __m512i limit = _mm512_set1_epi32(127);
   const __m512i query_index = _mm512_load_si512(plan.query_index);
   const bool precise = plan.bits == 8;  // hi and lo (see the file comment)
   for (int j = 0; j < group; ++j) {
@@ -269,33 +305,10 @@ KVS_VNNI_ATTR void VnniPrepareQueries(const VnniPlan& plan, const float* q, int 
     VnniQuery& vq = out[j];
     alignas(64) int8_t hi[kVnniMaxHeadDim], lo[kVnniMaxHeadDim];
     for (int b0 = 0; b0 < head_dim; b0 += block) {
-      __m512 max_abs = _mm512_setzero_ps();
-      for (int e = b0; e < b0 + block; e += 16) {
-        max_abs = _mm512_max_ps(max_abs, _mm512_abs_ps(_mm512_loadu_ps(qj + e)));
-      }
-      const float m = _mm512_reduce_max_ps(max_abs);
-      const __m512 sq = _mm512_set1_ps(m / 127.0f);
-      const __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
-      __m512i sum = _mm512_setzero_si512();
-      for (int e = b0; e < b0 + block; e += 16) {
-        const __m512 x = _mm512_loadu_ps(qj + e);
-        // Round to nearest (the default rounding mode), clamped to the int8 range.
-        const __m512i h =
-            _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x, inv)), limit),
-                             _mm512_sub_epi32(_mm512_setzero_si512(), limit));
-        _mm_store_si128(reinterpret_cast<__m128i*>(hi + e), _mm512_cvtepi32_epi8(h));
-        if (!precise) continue;  // only int8 keys read lo and the correction
-        const __m512 rest = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(h), sq, x);
-        const __m512i l = _mm512_max_epi32(
-            _mm512_min_epi32(
-                _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(rest, inv), _mm512_set1_ps(256.0f))),
-                limit),
-            _mm512_sub_epi32(_mm512_setzero_si512(), limit));
-        _mm_store_si128(reinterpret_cast<__m128i*>(lo + e), _mm512_cvtepi32_epi8(l));
-        sum = _mm512_add_epi32(sum, _mm512_add_epi32(_mm512_slli_epi32(h, 8), l));
-      }
+      const float m = MaxAbs(qj + b0, block);
+      const int32_t sum = QuantiseHiLo(qj + b0, block, m, hi + b0, precise ? lo + b0 : nullptr);
       vq.block_scale[b0 / block] = m / 127.0f / 256.0f;
-      vq.correction[b0 / block] = 128 * _mm512_reduce_add_epi32(sum);
+      vq.correction[b0 / block] = 128 * sum;  // (only int8 keys read it)
     }
     // Into [column][part][byte] order, 64 elements at a time.
     for (int e = 0; e < head_dim; e += 64) {

@@ -267,11 +267,15 @@ TEST(AttentionTest, IntegerCodecsAtEveryGroupAndWidth) {
   // in steps of 4, 2 and 1 (3, 5, 8), head_dim with 2 or 4 blocks of 16 per pass and rows of
   // one or two 64-byte halves (32 .. 256), groups of 16, 32 and the whole row, KIVI keys (1 to
   // 64 blocks of 32 query elements per unit), several tiles, sinks and pending tokens.
-  // Once with the integer dot-product readers (where the CPU has them) and once without.
+  // Three times: with the tile multiplies and the integer dot-product readers (where the CPU has
+  // them), with the integer readers alone, with the float readers.
   ThreadPool pool(2);
-  for (const bool float_readers : {false, true}) {
-    DisableIntegerDotProductsForTest(float_readers);
-    SCOPED_TRACE(float_readers ? "float readers" : "integer readers where the CPU has them");
+  for (const int readers : {0, 1, 2}) {
+    DisableTileMultipliesForTest(readers >= 1);
+    DisableIntegerDotProductsForTest(readers == 2);
+    SCOPED_TRACE(readers == 0   ? "tile multiplies and integer readers where the CPU has them"
+                 : readers == 1 ? "integer readers where the CPU has them"
+                                : "float readers");
     for (int head_dim : {32, 96, 128, 256}) {
       for (const char* name : {"int8", "int4", "int2", "int4-g16", "q4_absmax", "kivi2", "kivi4"}) {
         std::string codec = name;
@@ -292,6 +296,7 @@ TEST(AttentionTest, IntegerCodecsAtEveryGroupAndWidth) {
       }
     }
   }
+  DisableTileMultipliesForTest(false);
   DisableIntegerDotProductsForTest(false);
 }
 
