@@ -130,6 +130,7 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
   // Integer keys on CPUs with VNNI: the query quantised once per task (attention_vnni-inl.h).
   const VnniPlan vnni = PlanVnni(k_side, head_dim, nd);
   const VnniPlan vnni_values = PlanVnni(v_side, head_dim, nd);
+  const bool amx_values = AmxValuesApply(vnni_values, group);  // int8 values likewise
   thread_local std::vector<VnniQuery> vnni_queries;
   // int8 keys on CPUs with AMX: by tile multiplies (attention_amx-inl.h).
   const bool amx_keys = AmxKeysApply(vnni, group);
@@ -192,7 +193,9 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
         sink->tile_max[(t0 - begin) / kDecodeTile * group + j] = new_max;
       }
     }
-    if (vnni_values.ok) {
+    if (amx_values) {
+      AmxAccumulateTile(vnni_values, values, num_keys, s, s_stride, group, state, state_stride);
+    } else if (vnni_values.ok) {
       VnniAccumulateTile(vnni_values, values, num_keys, s, s_stride, group, state, state_stride);
     } else {
       accumulate(values, num_keys, s, s_stride, group, head_dim, state, state_stride);
