@@ -1,7 +1,8 @@
-// Per-target decode scores of int8 keys by Intel AMX tile multiplies (included by
+// Per-target decode readers of int8 keys and values by Intel AMX tile multiplies (included by
 // attention_decode.cc inside its foreach_target pass, after attention_vnni-inl.h; compiled only
-// for the AVX3 target, used only where the CPU has AMX-INT8 and Linux granted this process the
-// tile data, base/amx.h; everywhere else the VNNI or float readers score these keys).
+// for the AVX3 target, used only where the CPU has AMX-INT8, Linux granted this process the
+// tile data (base/amx.h) and the shape pays (AmxKeysApply); everywhere else the VNNI or float
+// readers take these rows). Keys first; values below.
 //
 // Why: the VNNI reader transposes every 16 keys' codes (two 16x16 dword transposes at head_dim
 // 128) and spends two vpdpbusd per 4 code bytes and query head. One tile multiply (tdpbssd)

@@ -130,10 +130,11 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
   // Integer keys on CPUs with VNNI: the query quantised once per task (attention_vnni-inl.h).
   const VnniPlan vnni = PlanVnni(k_side, head_dim, nd);
   const VnniPlan vnni_values = PlanVnni(v_side, head_dim, nd);
-  const bool amx_values = AmxValuesApply(vnni_values, group);  // int8 values likewise
-  thread_local std::vector<VnniQuery> vnni_queries;
-  // int8 keys on CPUs with AMX: by tile multiplies (attention_amx-inl.h).
+  // int8 keys and values on CPUs with AMX, where it pays: by tile multiplies
+  // (attention_amx-inl.h).
   const bool amx_keys = AmxKeysApply(vnni, group);
+  const bool amx_values = AmxValuesApply(vnni_values, group);
+  thread_local std::vector<VnniQuery> vnni_queries;
   thread_local AmxQueries amx_queries;
   if (amx_keys) {
     AmxPrepareQueries(vnni, q, group, &amx_queries);
