@@ -115,6 +115,12 @@ StepTimes& OneThreadTimes() {
   static StepTimes times;
   return times;
 }
+// Bytes per second by (codec, tokens): the best MeasureDecodeReadRate of the shape-B caches,
+// the same bytes in the same order on as many threads, without the arithmetic.
+StepTimes& DecodeReadLimits() {
+  static StepTimes rates;
+  return rates;
+}
 
 double ThreadCpuSeconds() {
   timespec ts;
@@ -148,6 +154,10 @@ void BM_Decode(benchmark::State& state, int num_kv_heads, int num_heads, int hea
     double& best =
         (record == Record::kWall ? DecodeTimes() : OneThreadTimes())[{codec, num_tokens}];
     best = best == 0.0 ? seconds : std::min(best, seconds);
+    if (record == Record::kWall) {
+      double& limit = DecodeReadLimits()[{codec, num_tokens}];
+      limit = std::max(limit, MeasureDecodeReadRate(cache.view, 5, pool));
+    }
   }
   const double bytes = static_cast<double>(DecodeBytesRead(cache.view)) * state.iterations();
   state.SetBytesProcessed(static_cast<int64_t>(bytes));
@@ -280,15 +290,16 @@ void RegisterAll(bool long_contexts) {
 }
 
 // The shape-B decode table: per context and codec, microseconds per step, GB/s of cache read,
-// that rate over the measured bandwidth, and the speed-up over bf16 at the same context.
+// that rate over the measured bandwidth, the speed-up over bf16 at the same context, and the
+// layout's read limit (DecodeReadLimits) with the rate over it.
 void PrintDecodeTable() {
   if (DecodeTimes().empty()) return;
   std::printf(
       "\nDecode, 8 kv heads x head_dim 128, 32 query heads, %d threads "
       "(bandwidth %.1f GB/s):\n",
       kThreadsB, Bandwidth()[kThreadsB] / 1e9);
-  std::printf("%8s %-7s %10s %8s %9s %8s\n", "tokens", "codec", "us/step", "GB/s", "fraction",
-              "vs bf16");
+  std::printf("%8s %-7s %10s %8s %9s %8s %10s %9s\n", "tokens", "codec", "us/step", "GB/s",
+              "fraction", "vs bf16", "limit GB/s", "of limit");
   std::map<int, double> bf16;
   for (const auto& [key, seconds] : DecodeTimes()) {
     if (key.first == "bf16") bf16[key.second] = seconds;
@@ -300,8 +311,11 @@ void PrintDecodeTable() {
       const double seconds = it->second;
       const BenchCache cache(tokens, 8, 128, codec);  // for its byte count only
       const double rate = static_cast<double>(DecodeBytesRead(cache.view)) / seconds;
-      std::printf("%8d %-7s %10.1f %8.2f %9.2f %8.2f\n", tokens, codec, seconds * 1e6, rate / 1e9,
-                  rate / Bandwidth()[kThreadsB], bf16.count(tokens) ? bf16[tokens] / seconds : 0.0);
+      const double limit = DecodeReadLimits()[{codec, tokens}];
+      std::printf("%8d %-7s %10.1f %8.2f %9.2f %8.2f %10.2f %9.2f\n", tokens, codec, seconds * 1e6,
+                  rate / 1e9, rate / Bandwidth()[kThreadsB],
+                  bf16.count(tokens) ? bf16[tokens] / seconds : 0.0, limit / 1e9,
+                  limit > 0.0 ? rate / limit : 0.0);
     }
   }
 }

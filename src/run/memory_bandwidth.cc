@@ -49,6 +49,12 @@ namespace kvstack {
 
 HWY_EXPORT(SumFloats);
 
+// Keeps `total` (a sum of what was read) observable, so that the loads cannot be dropped.
+void Observe(float total) {
+  static std::atomic<float> sink;
+  sink.store(total, std::memory_order_relaxed);
+}
+
 double MeasureReadBandwidth(size_t bytes, int repetitions, ThreadPool* pool) {
   KVS_CHECK(bytes >= 64 && repetitions >= 1);
   const int num_threads = pool == nullptr ? 1 : pool->num_threads();
@@ -88,10 +94,61 @@ double MeasureReadBandwidth(size_t bytes, int repetitions, ThreadPool* pool) {
     if (rep == 0 || seconds < best_seconds) best_seconds = seconds;
     for (float s : partial_sums) total += s;
   }
-  // The sums feed a value the compiler must assume is observed, so the loads cannot be dropped.
-  static std::atomic<float> sink;
-  sink.store(total, std::memory_order_relaxed);
+  Observe(total);
   return static_cast<double>(n * sizeof(float)) / std::max(best_seconds, 1e-9);
+}
+
+double MeasureDecodeReadRate(const KvLayerView& view, int repetitions, ThreadPool* pool) {
+  KVS_CHECK(repetitions >= 1 && view.head_tokens.empty());
+  constexpr int kTile = 256;  // tokens: the decode kernel's tile (attention_readers-inl.h)
+  const int begin = view.arena_begin(), end = view.arena_end();
+  const bool joint = view.v.codec_impl != nullptr && view.v.codec_impl->joint();
+  // Sums the units of `arena` that hold the tokens [t0, t1) of `kv_head`; counts their bytes.
+  auto sum_units = [&](const KvArenaView& arena, int kv_head, int t0, int t1, size_t* bytes) {
+    const int group_tokens = std::max(1, arena.group_tokens);
+    float sum = 0.0f;
+    view.ForEachRun(t0, t1, [&](int, int count, int32_t block_id, int row) {
+      const int first = row / group_tokens, last = (row + count - 1) / group_tokens;
+      const std::byte* units = arena.Unit(block_id, first, kv_head);
+      const size_t run_bytes = static_cast<size_t>(last - first + 1) * arena.unit_bytes;
+      sum += HWY_DYNAMIC_DISPATCH(SumFloats)(reinterpret_cast<const float*>(units),
+                                             run_bytes / sizeof(float));
+      *bytes += run_bytes;
+    });
+    return sum;
+  };
+  std::vector<float> partial_sums(view.num_kv_heads, 0.0f);
+  std::vector<size_t> head_bytes(view.num_kv_heads, 0);
+  auto task = [&](int64_t kv_head, int /*thread_idx*/) {
+    const int h = static_cast<int>(kv_head);
+    float sum = 0.0f;
+    size_t bytes = 0;
+    for (int t0 = begin; t0 < end; t0 += kTile) {
+      const int t1 = std::min(end, t0 + kTile);
+      sum += sum_units(view.k, h, t0, t1, &bytes);
+      if (!joint) sum += sum_units(view.v, h, t0, t1, &bytes);
+    }
+    partial_sums[h] = sum;
+    head_bytes[h] = bytes;
+  };
+  double best_seconds = 0.0;
+  float total = 0.0f;
+  for (int rep = 0; rep < repetitions; ++rep) {
+    const auto start = std::chrono::steady_clock::now();
+    if (pool == nullptr) {
+      for (int h = 0; h < view.num_kv_heads; ++h) task(h, 0);
+    } else {
+      pool->Run(view.num_kv_heads, task);
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (rep == 0 || seconds < best_seconds) best_seconds = seconds;
+    for (float s : partial_sums) total += s;
+  }
+  Observe(total);
+  size_t bytes = 0;
+  for (size_t b : head_bytes) bytes += b;
+  return static_cast<double>(bytes) / std::max(best_seconds, 1e-9);
 }
 
 size_t DecodeBytesRead(const KvLayerView& view) {

@@ -24,6 +24,55 @@ TEST(MemoryBandwidthTest, ReturnsAPlausibleRateWithAndWithoutPool) {
   }
 }
 
+// Arenas of real memory for MeasureDecodeReadRate: [num_blocks][num_kv_heads][units][bytes].
+struct TestArenas {
+  std::vector<std::byte> k, v;
+  std::vector<int32_t> block_table;
+
+  TestArenas(KvLayerView* view, int num_blocks, int units_k, int units_v) {
+    auto place = [&](KvArenaView& arena, std::vector<std::byte>& bytes, int units) {
+      arena.head_stride = arena.unit_bytes * units;
+      arena.block_stride = arena.head_stride * view->num_kv_heads;
+      bytes.assign(arena.block_stride * num_blocks, std::byte{1});
+      arena.base = bytes.data();
+    };
+    place(view->k, k, units_k);
+    place(view->v, v, units_v);
+    for (int b = 0; b < num_blocks; ++b) block_table.push_back((b * 3) % num_blocks);  // shuffled
+    view->block_table = block_table;
+  }
+};
+
+TEST(MemoryBandwidthTest, DecodeReadRateIsPlausibleForPagedAndRingViews) {
+  ThreadPool pool(2);
+  // Paged: 300 tokens in 19 blocks of 16, one-token key units, 8-token value units.
+  KvLayerView paged;
+  paged.num_tokens = 300;
+  paged.num_kv_heads = 3;
+  paged.head_dim = 16;
+  paged.block_size = 16;
+  paged.k.unit_bytes = 32;
+  paged.v.unit_bytes = 72;
+  paged.v.group_tokens = 8;
+  const TestArenas paged_arenas(&paged, 19, 16, 2);
+  // Ring: one block of 128 slots that has wrapped (logical 0 in slot 100).
+  KvLayerView ring;
+  ring.num_tokens = 128;
+  ring.num_kv_heads = 2;
+  ring.head_dim = 16;
+  ring.block_size = 128;
+  ring.first_slot = 100;
+  ring.k.unit_bytes = ring.v.unit_bytes = 32;
+  const TestArenas ring_arenas(&ring, 1, 128, 128);
+  for (const KvLayerView* view : {&paged, &ring}) {
+    for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+      const double rate = MeasureDecodeReadRate(*view, 3, p);
+      EXPECT_GT(rate, 1e7);
+      EXPECT_LT(rate, 1e14);
+    }
+  }
+}
+
 TEST(MemoryBandwidthTest, DecodeBytesReadCountsKeyAndValueRowsOfEveryHead) {
   KvLayerView view;
   view.num_tokens = 100;
