@@ -49,11 +49,15 @@ namespace kvstack {
 
 HWY_EXPORT(SumFloats);
 
+namespace {
+
 // Keeps `total` (a sum of what was read) observable, so that the loads cannot be dropped.
 void Observe(float total) {
   static std::atomic<float> sink;
   sink.store(total, std::memory_order_relaxed);
 }
+
+}  // namespace
 
 double MeasureReadBandwidth(size_t bytes, int repetitions, ThreadPool* pool) {
   KVS_CHECK(bytes >= 64 && repetitions >= 1);
