@@ -82,15 +82,6 @@ KVS_AMX_ATTR void AmxPrepareQueries(const VnniPlan& plan, const float* q, int gr
   }
 }
 
-// The tile configuration (palette 1), as ldtilecfg reads it.
-struct alignas(64) AmxTileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};  // bytes per row of tile i
-  uint8_t rows[16] = {};
-};
-
 // Scores of a tile's int8 keys (rows padded to a multiple of 16) for the `group` query heads:
 // s: [group, s_stride], as VnniScoreTile; kChunks = head_dim / 64.
 template <int kChunks>

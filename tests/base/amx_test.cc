@@ -27,18 +27,10 @@ TEST(AmxTest, EveryThreadGetsTheSameAnswer) {
 }
 
 #if defined(__x86_64__)
-struct alignas(64) TileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // C (16 x 16 int32) = A (16 x 64 s8) times B (16 rows of 16 columns x 4 s8) by tdpbssd.
 __attribute__((target("amx-tile,amx-int8"))) void TileMultiply(const int8_t* a, const int8_t* b,
                                                                int32_t* c) {
-  TileConfig config;
+  AmxTileConfig config;
   for (int t = 0; t < 3; ++t) {
     config.rows[t] = 16;
     config.colsb[t] = 64;
