@@ -103,8 +103,10 @@ struct VnniQuery {
 
 #if HWY_TARGET == HWY_AVX3
 
-// VNNI for the dot products, VBMI for the byte permutes of the value codes.
-#define KVS_VNNI_ATTR __attribute__((target("avx512vnni,avx512vbmi")))
+// VNNI for the dot products, VBMI for the byte permutes of the value codes, on top of the
+// AVX3 target's own features: clang lets a function's target attribute replace the
+// HWY_BEFORE_NAMESPACE pragma's list (g++ merges them), so the list is spelled out whole.
+#define KVS_VNNI_ATTR __attribute__((target(HWY_TARGET_STR ",avx512vnni,avx512vbmi")))
 
 bool CpuHasVnni() {
   static const bool has =
