@@ -160,12 +160,7 @@ void RunScoresMatrix(const Case& c, ThreadPool* pool) {
 TEST(AttentionScoresTest, EveryCodecAsKey) {
   ThreadPool pool(2);
   for (const CodecCase& codec : kEveryCodec) {
-    Case c;
-    c.group = 4;
-    c.head_dim = codec.head_dim;
-    c.k_codec = codec.name;
-    c.v_codec = "f16";
-    RunScoresMatrix(c, &pool);
+    RunScoresMatrix(CodecOnSide(codec, CodecSide::kKeys, 4), &pool);
   }
 }
 
@@ -173,12 +168,7 @@ TEST(AttentionScoresTest, EveryCodecAsValue) {
   // Scores depend on the keys only, but the value readers share the tiles and tasks.
   ThreadPool pool(2);
   for (const CodecCase& codec : kEveryCodec) {
-    Case c;
-    c.group = 1;
-    c.head_dim = codec.head_dim;
-    c.k_codec = "f16";
-    c.v_codec = codec.name;
-    RunScoresMatrix(c, &pool);
+    RunScoresMatrix(CodecOnSide(codec, CodecSide::kValues, 1), &pool);
   }
 }
 

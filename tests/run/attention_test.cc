@@ -188,24 +188,14 @@ void RunMatrix(const Case& c, ThreadPool* pool) {
 TEST(AttentionTest, EveryCodecAsKeyWithF16Values) {
   ThreadPool pool(2);
   for (const CodecCase& codec : kEveryCodec) {
-    Case c;
-    c.group = 2;
-    c.head_dim = codec.head_dim;
-    c.k_codec = codec.name;
-    c.v_codec = "f16";
-    RunMatrix(c, &pool);
+    RunMatrix(CodecOnSide(codec, CodecSide::kKeys, 2), &pool);
   }
 }
 
 TEST(AttentionTest, EveryCodecAsValueWithF16Keys) {
   ThreadPool pool(2);
   for (const CodecCase& codec : kEveryCodec) {
-    Case c;
-    c.group = 2;
-    c.head_dim = codec.head_dim;
-    c.k_codec = "f16";
-    c.v_codec = codec.name;
-    RunMatrix(c, &pool);
+    RunMatrix(CodecOnSide(codec, CodecSide::kValues, 2), &pool);
   }
 }
 

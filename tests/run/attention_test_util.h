@@ -286,6 +286,18 @@ constexpr CodecCase kEveryCodec[] = {
     {"q4_absmax", 64}, {"kivi4", 64}, {"kivi2", 64},
 };
 
+// Which side of the cache the codec under test holds; the other side keeps f16.
+enum class CodecSide { kKeys, kValues };
+
+// The case with `codec` on `side` (f16 on the other) and `group` query heads per kv head.
+inline Case CodecOnSide(const CodecCase& codec, CodecSide side, int group) {
+  Case c;
+  c.group = group;
+  c.head_dim = codec.head_dim;
+  (side == CodecSide::kKeys ? c.k_codec : c.v_codec) = codec.name;
+  return c;
+}
+
 // Calls run(c, layout) for `c` over sinks (none, 5), pending tokens (none, some), rotated keys
 // (no, yes), decode and prefill, and every layout the codecs allow.
 template <class Fn>
