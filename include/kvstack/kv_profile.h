@@ -92,9 +92,10 @@ class KvProfile {
   std::vector<HeadComponents> joint_;          // [layer][head], 2 * head_dim dims
 };
 
-// Eigen-decomposition of a symmetric matrix (cyclic Jacobi; exact to ~1e-12 for the head
-// sizes of real models). a: [n][n] row-major. Outputs eigenvalues descending and the
-// matching unit eigenvectors as rows of `vectors` ([n][n]).
+// Eigen-decomposition of a symmetric matrix (Householder tridiagonalisation and implicit QL,
+// src/represent/symmetric_eigen.cc; residuals ~1e-12 of the matrix's norm at the head sizes of
+// real models). a: [n][n] row-major, n >= 1. Outputs eigenvalues descending and the matching
+// unit eigenvectors as rows of `vectors` ([n][n]).
 void SymmetricEigen(std::vector<double> a, int n, std::vector<double>* values,
                     std::vector<double>* vectors);
 

@@ -1,9 +1,8 @@
 // Calibration statistics of keys and values: running moments of the concatenated [k; v] per
 // (layer, kv head) — one accumulation gives the key and value covariances (its diagonal
-// blocks) and the joint one the latent codecs need — turned into principal components with a
-// Jacobi eigen-solver (head_dim is at most a few hundred, where Jacobi is simple, exact and
-// fast enough), and a versioned file keyed to the model so a profile can never be applied to
-// the wrong weights.
+// blocks) and the joint one the latent codecs need — turned into principal components
+// (SymmetricEigen, symmetric_eigen.cc), and a versioned file keyed to the model so a profile
+// can never be applied to the wrong weights.
 #include "kvstack/kv_profile.h"
 
 #include <algorithm>
@@ -22,65 +21,6 @@ constexpr char kMagic[8] = {'K', 'V', 'S', 'P', 'R', 'O', 'F', '\0'};
 constexpr int kMaxHeadDim = 4096;
 
 }  // namespace
-
-void SymmetricEigen(std::vector<double> a, int n, std::vector<double>* values,
-                    std::vector<double>* vectors) {
-  std::vector<double> v(static_cast<size_t>(n) * n, 0.0);
-  for (int i = 0; i < n; ++i) v[static_cast<size_t>(i) * n + i] = 1.0;
-  auto at = [n](std::vector<double>& m, int r, int c) -> double& {
-    return m[static_cast<size_t>(r) * n + c];
-  };
-  for (int sweep = 0; sweep < 100; ++sweep) {
-    double off = 0;
-    double diag = 0;
-    for (int r = 0; r < n; ++r) {
-      diag += at(a, r, r) * at(a, r, r);
-      for (int c = r + 1; c < n; ++c) off += at(a, r, c) * at(a, r, c);
-    }
-    if (off <= 1e-30 * std::max(diag, 1e-300)) break;
-    for (int p = 0; p < n; ++p) {
-      for (int q = p + 1; q < n; ++q) {
-        const double apq = at(a, p, q);
-        if (apq == 0.0) continue;
-        // Rotation that zeroes a[p][q] (Numerical Recipes' stable form).
-        const double theta = (at(a, q, q) - at(a, p, p)) / (2.0 * apq);
-        const double t =
-            (theta >= 0 ? 1.0 : -1.0) / (std::fabs(theta) + std::sqrt(theta * theta + 1.0));
-        const double c = 1.0 / std::sqrt(t * t + 1.0);
-        const double s = t * c;
-        for (int k = 0; k < n; ++k) {
-          const double akp = at(a, k, p);
-          const double akq = at(a, k, q);
-          at(a, k, p) = c * akp - s * akq;
-          at(a, k, q) = s * akp + c * akq;
-        }
-        for (int k = 0; k < n; ++k) {
-          const double apk = at(a, p, k);
-          const double aqk = at(a, q, k);
-          at(a, p, k) = c * apk - s * aqk;
-          at(a, q, k) = s * apk + c * aqk;
-        }
-        for (int k = 0; k < n; ++k) {
-          const double vkp = at(v, k, p);
-          const double vkq = at(v, k, q);
-          at(v, k, p) = c * vkp - s * vkq;
-          at(v, k, q) = s * vkp + c * vkq;
-        }
-      }
-    }
-  }
-  std::vector<int> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int x, int y) { return at(a, x, x) > at(a, y, y); });
-  values->assign(n, 0.0);
-  vectors->assign(static_cast<size_t>(n) * n, 0.0);
-  for (int j = 0; j < n; ++j) {
-    (*values)[j] = at(a, order[j], order[j]);
-    for (int k = 0; k < n; ++k) {
-      (*vectors)[static_cast<size_t>(j) * n + k] = at(v, k, order[j]);  // column -> row
-    }
-  }
-}
 
 double HeadComponents::EnergyRetained(int rank) const {
   const double total = std::accumulate(eigenvalues.begin(), eigenvalues.end(), 0.0);

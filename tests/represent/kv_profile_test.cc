@@ -5,7 +5,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -30,22 +32,84 @@ TEST(SymmetricEigen, DiagonalAndRotatedMatrices) {
   EXPECT_NEAR(vectors[0] * vectors[1], 0.5, 1e-12);
 }
 
-TEST(SymmetricEigen, ReconstructsARandomMatrix) {
-  const int n = 16;
-  std::mt19937 rng(1);
+// Checks a decomposition of a: V^T diag(values) V reproduces a, the rows of V are orthonormal
+// and the values descend, each to `tolerance` times the matrix's largest |entry|.
+void ExpectDecomposes(const std::vector<double>& a, int n, double tolerance) {
+  std::vector<double> values, vectors;
+  SymmetricEigen(a, n, &values, &vectors);
+  ASSERT_EQ(values.size(), static_cast<size_t>(n));
+  ASSERT_EQ(vectors.size(), static_cast<size_t>(n) * n);
+  double scale = 1e-300;
+  for (double x : a) scale = std::max(scale, std::fabs(x));
+  for (int i = 1; i < n; ++i) EXPECT_GE(values[i - 1], values[i]) << i;
+  double worst_reconstruction = 0, worst_orthonormality = 0;
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) {
+      double sum = 0, dot = 0;
+      for (int k = 0; k < n; ++k) {
+        sum += vectors[k * n + i] * values[k] * vectors[k * n + j];
+        dot += vectors[i * n + k] * vectors[j * n + k];
+      }
+      worst_reconstruction = std::max(worst_reconstruction, std::fabs(sum - a[i * n + j]));
+      worst_orthonormality = std::max(worst_orthonormality, std::fabs(dot - (i == j ? 1 : 0)));
+    }
+  }
+  EXPECT_LE(worst_reconstruction, tolerance * scale) << "n " << n;
+  EXPECT_LE(worst_orthonormality, tolerance) << "n " << n;
+}
+
+std::vector<double> RandomSymmetric(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
   std::normal_distribution<double> normal;
   std::vector<double> a(n * n);
   for (int i = 0; i < n; ++i) {
     for (int j = i; j < n; ++j) a[i * n + j] = a[j * n + i] = normal(rng);
   }
+  return a;
+}
+
+TEST(SymmetricEigen, DecomposesRandomMatricesOfHeadSizes) {
+  // Up to the joint [k; v] basis of head_dim 128.
+  for (int n : {1, 2, 3, 16, 64, 129, 256}) ExpectDecomposes(RandomSymmetric(n, n), n, 1e-10);
+}
+
+TEST(SymmetricEigen, DecomposesCovariancesWithRepeatedAndZeroEigenvalues) {
+  // Rank-deficient covariances (fewer samples than dimensions, as in a short calibration),
+  // repeated eigenvalues (the identity, a scaled block), the zero matrix.
+  const int n = 48;
+  std::mt19937 rng(3);
+  std::normal_distribution<double> normal;
+  std::vector<double> samples(10 * n), cov(n * n, 0.0);
+  for (double& x : samples) x = normal(rng);
+  for (int t = 0; t < 10; ++t) {
+    for (int i = 0; i < n; ++i) {
+      for (int j = 0; j < n; ++j) cov[i * n + j] += samples[t * n + i] * samples[t * n + j];
+    }
+  }
+  ExpectDecomposes(cov, n, 1e-10);
+  std::vector<double> identity(n * n, 0.0), blocks(n * n, 0.0);
+  for (int i = 0; i < n; ++i) {
+    identity[i * n + i] = 1.0;
+    blocks[i * n + i] = i < n / 2 ? 3.0 : 0.5;
+  }
+  ExpectDecomposes(identity, n, 1e-12);
+  ExpectDecomposes(blocks, n, 1e-12);
+  ExpectDecomposes(std::vector<double>(n * n, 0.0), n, 1e-12);
+}
+
+TEST(SymmetricEigen, SpectrumOfAKnownMatrix) {
+  // The second-difference matrix tridiag(-1, 2, -1) of size n has eigenvalues
+  // 2 - 2 cos(pi k / (n + 1)), k = 1..n.
+  const int n = 100;
+  std::vector<double> a(n * n, 0.0);
+  for (int i = 0; i < n; ++i) {
+    a[i * n + i] = 2.0;
+    if (i + 1 < n) a[i * n + i + 1] = a[(i + 1) * n + i] = -1.0;
+  }
   std::vector<double> values, vectors;
   SymmetricEigen(a, n, &values, &vectors);
-  for (int i = 0; i < n; ++i) {
-    for (int j = 0; j < n; ++j) {
-      double sum = 0;
-      for (int k = 0; k < n; ++k) sum += vectors[k * n + i] * values[k] * vectors[k * n + j];
-      EXPECT_NEAR(sum, a[i * n + j], 1e-9);
-    }
+  for (int k = 1; k <= n; ++k) {
+    EXPECT_NEAR(values[n - k], 2.0 - 2.0 * std::cos(M_PI * k / (n + 1)), 1e-12) << k;
   }
 }
 
