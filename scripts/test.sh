@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs every test: the Release suite, the same suite under
-# AddressSanitizer + UndefinedBehaviorSanitizer, and a bounded libFuzzer run of the GGUF
-# reader. Exits non-zero on the first failure. FUZZ_SECONDS (default 60) bounds the fuzzing.
+# Sets up, builds and runs every test: a clang compile of every source (the builds use g++),
+# the Release suite, the same suite under AddressSanitizer + UndefinedBehaviorSanitizer, and a
+# bounded libFuzzer run of the GGUF reader. Exits non-zero on the first failure. FUZZ_SECONDS
+# (default 60) bounds the fuzzing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -14,6 +15,9 @@ if ! clang-format --dry-run --Werror $files 2>/dev/null; then
   clang-format --dry-run $files 2>&1 | grep -o '^[^:]*\.\(cc\|h\)' | sort -u >&2
   exit 1
 fi
+
+echo "== clang compile check" >&2
+bash scripts/clang_check.sh
 
 echo "== release build and tests" >&2
 bash scripts/build.sh build/release
