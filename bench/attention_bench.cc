@@ -54,7 +54,8 @@ ThreadPool* Pool(int num_threads) {
 }
 
 // A paged view over random data encoded with one codec for keys and values, block_size 16
-// (or the codec's unit, when larger), blocks in order. Owns its bytes.
+// (or the codec's unit, when larger), blocks in order, arenas head-major as KvCache stores them
+// ([kv head][block][units]). Owns its bytes.
 struct BenchCache {
   std::unique_ptr<Codec> k_codec, v_codec;
   std::vector<std::byte> k_arena, v_arena;
@@ -77,9 +78,9 @@ struct BenchCache {
       arena_view.codec_impl = &c;
       arena_view.group_tokens = c.group_tokens();
       arena_view.unit_bytes = c.unit_bytes();
-      arena_view.head_stride = arena_view.unit_bytes * (block_size / c.group_tokens());
-      arena_view.block_stride = arena_view.head_stride * num_kv_heads;
-      arena.resize(arena_view.block_stride * num_blocks);
+      arena_view.block_stride = arena_view.unit_bytes * (block_size / c.group_tokens());
+      arena_view.head_stride = arena_view.block_stride * num_blocks;
+      arena.resize(arena_view.head_stride * num_kv_heads);
       // Every unit of the arena holds encoded random data (the blocks are full).
       std::vector<float> data(static_cast<size_t>(block_size) * head_dim);
       for (int b = 0; b < num_blocks; ++b) {
@@ -87,7 +88,7 @@ struct BenchCache {
           for (float& x : data) x = dist(rng);
           c.EncodeHead(h, data,
                        {arena.data() + b * arena_view.block_stride + h * arena_view.head_stride,
-                        arena_view.head_stride});
+                        arena_view.block_stride});
         }
       }
       arena_view.base = arena.data();

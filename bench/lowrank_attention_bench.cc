@@ -100,13 +100,14 @@ struct BenchCache {
       arena_view.codec = c.id();
       arena_view.codec_impl = &c;
       arena_view.unit_bytes = c.unit_bytes();
-      arena_view.head_stride = arena_view.unit_bytes * kBlockSize;
-      arena_view.block_stride = arena_view.head_stride * kNumKvHeads;
+      // Head-major, as KvCache stores its arenas: [kv head][block][units].
+      arena_view.block_stride = arena_view.unit_bytes * kBlockSize;
+      arena_view.head_stride = arena_view.block_stride * num_blocks;
     };
     layout(*k_codec, view.k);
     layout(*v_codec, view.v);
-    k_arena.resize(view.k.block_stride * num_blocks);
-    if (!joint) v_arena.resize(view.v.block_stride * num_blocks);
+    k_arena.resize(view.k.head_stride * kNumKvHeads);
+    if (!joint) v_arena.resize(view.v.head_stride * kNumKvHeads);
     std::mt19937 rng(2);
     const int num_distinct = std::min(num_blocks, 64);
     const std::vector<float> k = Rows(num_distinct * kBlockSize, rng);
@@ -120,10 +121,10 @@ struct BenchCache {
         if (b >= num_distinct) {  // a copy of an encoded block
           const size_t from = static_cast<size_t>(b % num_distinct);
           std::copy_n(k_arena.data() + from * view.k.block_stride + h * view.k.head_stride,
-                      view.k.head_stride, k_dst);
+                      view.k.block_stride, k_dst);
           if (!joint) {
             std::copy_n(v_arena.data() + from * view.v.block_stride + h * view.v.head_stride,
-                        view.v.head_stride, v_dst);
+                        view.v.block_stride, v_dst);
           }
           continue;
         }
@@ -134,10 +135,10 @@ struct BenchCache {
           std::copy_n(&v[at], kHeadDim, &v_head[t * kHeadDim]);
         }
         if (joint) {
-          k_codec->EncodeJointHead(h, k_head, v_head, {k_dst, view.k.head_stride});
+          k_codec->EncodeJointHead(h, k_head, v_head, {k_dst, view.k.block_stride});
         } else {
-          k_codec->EncodeHead(h, k_head, {k_dst, view.k.head_stride});
-          v_codec->EncodeHead(h, v_head, {v_dst, view.v.head_stride});
+          k_codec->EncodeHead(h, k_head, {k_dst, view.k.block_stride});
+          v_codec->EncodeHead(h, v_head, {v_dst, view.v.block_stride});
         }
       }
     }

@@ -16,6 +16,8 @@
 // unit r / group_tokens of that block (units never straddle blocks: block_size is a multiple
 // of group_tokens). Inside an arena, block b's units for kv head h start at
 //   base + b * block_stride + h * head_stride, one unit every unit_bytes.
+// KvCache's arenas are head-major (head_stride = num_blocks * block_stride): a head's blocks
+// with consecutive ids are adjacent, so a sequence allocated in order reads as one run per head.
 // Contiguous: one block of `capacity` slots, first_slot 0. Paged: many blocks, first_slot 0.
 // Ring: one block of `capacity` slots; first_slot moves once the ring has wrapped.
 #pragma once
@@ -33,9 +35,9 @@ namespace kvstack {
 // One arena (keys or values) of one layer.
 struct KvArenaView {
   const std::byte* base =
-      nullptr;              // [num_blocks][num_kv_heads][block_size/group_tokens][unit_bytes]
-  size_t block_stride = 0;  // bytes between consecutive physical blocks
-  size_t head_stride = 0;   // bytes between kv heads inside a block
+      nullptr;              // units at Unit(block, unit, head); KvCache: [head][block][unit]
+  size_t block_stride = 0;  // bytes between consecutive physical blocks of one kv head
+  size_t head_stride = 0;   // bytes between kv heads at the same block
   size_t unit_bytes = 0;    // bytes per unit (group_tokens tokens of one head)
   int group_tokens = 1;     // tokens per unit
   CodecId codec = CodecId::kF32;

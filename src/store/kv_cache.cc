@@ -35,7 +35,7 @@ namespace {
 constexpr size_t kArenaAlignment = 64;
 constexpr size_t kMaxReservedBytes = size_t{64} << 30;  // 64 GiB: beyond that it is a typo
 
-// One arena of one layer: [num_blocks][num_kv_heads][block_size][unit_bytes], zeroed so that
+// One arena of one layer: [num_kv_heads][num_blocks][units of a block], zeroed so that
 // unwritten rows decode to zeros rather than garbage (and NaNs) in every codec.
 absl::StatusOr<ArenaPtr> AllocateArena(size_t bytes) {
   // At least one line: a joint layer's value arena has no bytes, and aligned_alloc(0) may
@@ -208,15 +208,13 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
   impl->options = options;
   impl->block_size = static_cast<int>(block_size);
   for (Impl::Layer& layer : layers) {
-    layer.k_block_stride = static_cast<size_t>(options.num_kv_heads) *
-                           (impl->block_size / layer.k_codec->group_tokens()) *
-                           layer.k_codec->unit_bytes();
-    layer.v_block_stride = static_cast<size_t>(options.num_kv_heads) *
-                           (impl->block_size / layer.v_codec->group_tokens()) *
-                           layer.v_arena_unit_bytes();
-    const size_t num_arena_blocks = static_cast<size_t>(num_blocks);
-    KVS_ASSIGN_OR_RETURN(layer.k, AllocateArena(num_arena_blocks * layer.k_block_stride));
-    KVS_ASSIGN_OR_RETURN(layer.v, AllocateArena(num_arena_blocks * layer.v_block_stride));
+    layer.k_head_block_bytes =
+        (impl->block_size / layer.k_codec->group_tokens()) * layer.k_codec->unit_bytes();
+    layer.v_head_block_bytes =
+        (impl->block_size / layer.v_codec->group_tokens()) * layer.v_arena_unit_bytes();
+    const size_t head_blocks = static_cast<size_t>(num_blocks) * options.num_kv_heads;
+    KVS_ASSIGN_OR_RETURN(layer.k, AllocateArena(head_blocks * layer.k_head_block_bytes));
+    KVS_ASSIGN_OR_RETURN(layer.v, AllocateArena(head_blocks * layer.v_head_block_bytes));
   }
   impl->layers = std::move(layers);
   return std::unique_ptr<KvCache>(new KvCache(std::move(impl)));
@@ -400,7 +398,8 @@ double KvCache::bits_per_element() const {
 size_t KvCache::bytes_reserved() const {
   size_t block_bytes = 0;
   for (const Impl::Layer& layer : impl_->layers) {
-    block_bytes += layer.k_block_stride + layer.v_block_stride;
+    block_bytes +=
+        impl_->options.num_kv_heads * (layer.k_head_block_bytes + layer.v_head_block_bytes);
   }
   return static_cast<size_t>(impl_->pool.num_blocks()) * block_bytes;
 }

@@ -140,9 +140,9 @@ KvLayerView KvCache::View(SeqId seq_id, int layer_idx) const {
   const int sinks_end = std::min(sink_tokens, seq.num_tokens);
   const int encoded_end = impl_->EncodedEnd(layer, seq.num_tokens);
   return KvLayerView{
-      .k = impl_->ArenaView(layer.k, *layer.k_codec, layer.k_block_stride),
-      .v = layer.joint() ? impl_->ArenaView(layer.k, *layer.v_codec, layer.k_block_stride)
-                         : impl_->ArenaView(layer.v, *layer.v_codec, layer.v_block_stride),
+      .k = impl_->ArenaView(layer.k, *layer.k_codec, layer.k_head_block_bytes),
+      .v = layer.joint() ? impl_->ArenaView(layer.k, *layer.v_codec, layer.k_head_block_bytes)
+                         : impl_->ArenaView(layer.v, *layer.v_codec, layer.v_head_block_bytes),
       .block_table = seq.block_table,
       .block_size = impl_->block_size,
       .first_slot = seq.first_slot,

@@ -193,10 +193,14 @@ void ExpectContents(const KvCache& cache, SeqId seq_id, const History& history) 
     EXPECT_EQ(view.pending.num_tokens() == 0,
               (recent == 0 && num_tokens % period == 0) || num_tokens <= sink_tokens)
         << "layer " << layer_idx << " num_tokens " << num_tokens;
-    EXPECT_EQ(view.k.head_stride,
+    // Head-major arenas: [head][block][units].
+    const size_t num_blocks = static_cast<size_t>(cache.pool().num_blocks());
+    EXPECT_EQ(view.k.block_stride,
               static_cast<size_t>(view.block_size / view.k.group_tokens) * view.k.unit_bytes);
-    EXPECT_EQ(view.v.head_stride,
+    EXPECT_EQ(view.v.block_stride,
               static_cast<size_t>(view.block_size / view.v.group_tokens) * view.v.unit_bytes);
+    EXPECT_EQ(view.k.head_stride, num_blocks * view.k.block_stride);
+    EXPECT_EQ(view.v.head_stride, num_blocks * view.v.block_stride);
 
     // The row written for logical token i, head h (keys rotated as the cache must store them).
     auto want = [&](bool key, int i, int h) {
@@ -427,9 +431,9 @@ TEST(KvCacheAccountingTest, FractionalBytesPerTokenAndSideBuffersInUse) {
   const KvLayerView view = cache->View(seq_id, 0);
   EXPECT_EQ(view.k.group_tokens, 8);
   EXPECT_EQ(view.k.unit_bytes, 132u);
-  EXPECT_EQ(view.k.head_stride, 132u);
-  EXPECT_EQ(view.v.head_stride, 8u * 8);
-  EXPECT_EQ(view.k.block_stride, kNumKvHeads * 132u);
+  EXPECT_EQ(view.k.block_stride, 132u);  // head-major: one head's units of a block
+  EXPECT_EQ(view.v.block_stride, 8u * 8);
+  EXPECT_EQ(view.k.head_stride, 8 * 132u);  // then the next head, 8 blocks on
   ASSERT_TRUE(cache->RemoveSequence(seq_id).ok());
   EXPECT_EQ(cache->bytes_in_use(), 0u);
 }

@@ -260,9 +260,12 @@ TEST_P(KvCacheLayoutTest, ByteAccountingIsExact) {
   const KvLayerView view = cache->View(seq_id, 0);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(view.k.base) % 64, 0u);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(view.v.base) % 64, 0u);
-  EXPECT_EQ(view.k.head_stride, slots_per_block * k_row);
-  EXPECT_EQ(view.k.block_stride, kNumKvHeads * slots_per_block * k_row);
-  EXPECT_EQ(view.v.block_stride, kNumKvHeads * slots_per_block * v_row);
+  // Head-major: one head's rows of a block, then its next block; heads num_blocks blocks apart.
+  const size_t num_blocks = paged ? 5 : 2;
+  EXPECT_EQ(view.k.block_stride, slots_per_block * k_row);
+  EXPECT_EQ(view.v.block_stride, slots_per_block * v_row);
+  EXPECT_EQ(view.k.head_stride, num_blocks * slots_per_block * k_row);
+  EXPECT_EQ(view.v.head_stride, num_blocks * slots_per_block * v_row);
   EXPECT_EQ(view.block_size, static_cast<int>(slots_per_block));
 }
 
@@ -317,6 +320,38 @@ TEST(KvCacheTest, SameDataReadsBackIdenticallyInEveryLayout) {
   ASSERT_EQ(decoded[0].size(), 32u * kTokenFloats * 2 * kNumLayers);
   EXPECT_EQ(decoded[0], decoded[1]);
   EXPECT_EQ(decoded[0], decoded[2]);
+}
+
+TEST(KvCacheTest, PagedArenasHoldEachHeadsBlocksBackToBack) {
+  // Arenas are head-major: the blocks a fresh pool hands out in order give each kv head one
+  // contiguous run of bytes (what decode reads fastest), and the heads' runs do not overlap.
+  CacheParams params;
+  params.capacity = 64;
+  params.block_size = 8;
+  params.k_codec = "f16";
+  params.v_codec = "bf16";
+  auto cache = MakeCache(params);
+  const SeqId seq_id = *cache->AddSequence();
+  std::mt19937 rng(3);
+  History history;
+  ASSERT_NO_FATAL_FAILURE(Append(*cache, seq_id, 36, rng, &history));
+  const KvLayerView view = cache->View(seq_id, 1);
+  ASSERT_EQ(view.block_table.size(), 5u);
+  for (const KvArenaView* arena : {&view.k, &view.v}) {
+    const int units = view.block_size / arena->group_tokens;
+    const size_t head_block_bytes = units * arena->unit_bytes;
+    const std::byte* previous_end = nullptr;
+    for (int h = 0; h < view.num_kv_heads; ++h) {
+      const std::byte* run = arena->Unit(view.block_table[0], 0, h);
+      EXPECT_GE(run, previous_end) << "head " << h;
+      for (size_t b = 0; b < view.block_table.size(); ++b) {
+        EXPECT_EQ(arena->Unit(view.block_table[b], 0, h), run + b * head_block_bytes)
+            << "head " << h << " block " << b;
+      }
+      previous_end = run + view.block_table.size() * head_block_bytes;
+    }
+  }
+  ExpectContents(*cache, seq_id, history);
 }
 
 TEST(KvCacheTest, PagedPoolExhaustionIsAnAnswerNotAnError) {
