@@ -191,17 +191,19 @@ struct KvCache::Impl {
     return floats * sizeof(float);
   }
 
-  // Copies block `src` over block `dst` in every layer, keys and values (each kv head's part).
+  // Copies block `src` over block `dst` in every layer, keys and values: each kv head's part,
+  // found through ArenaView (the one place that defines the arena layout).
   void CopyBlock(BlockId src, BlockId dst) {
-    const size_t num_blocks = static_cast<size_t>(pool.num_blocks());
     for (Layer& layer : layers) {
-      for (auto [arena, bytes] : {std::pair(layer.k.get(), layer.k_head_block_bytes),
-                                  std::pair(layer.v.get(), layer.v_head_block_bytes)}) {
+      const auto copy = [&](const ArenaPtr& arena, const Codec& codec, size_t bytes) {
+        const KvArenaView view = ArenaView(arena, codec, bytes);
         for (int h = 0; h < options.num_kv_heads; ++h) {
-          std::byte* head = arena + h * num_blocks * bytes;
-          std::memcpy(head + dst * bytes, head + src * bytes, bytes);
+          std::memcpy(arena.get() + (view.Unit(dst, 0, h) - view.base), view.Unit(src, 0, h),
+                      bytes);
         }
-      }
+      };
+      copy(layer.k, *layer.k_codec, layer.k_head_block_bytes);
+      copy(layer.v, *layer.v_codec, layer.v_head_block_bytes);  // (joint layers: 0 bytes)
     }
   }
 
