@@ -12,15 +12,15 @@
 
 namespace kvstack {
 namespace {
-std::atomic<bool> integer_dot_products_disabled{false};
+std::atomic<bool> dot_product_readers_disabled{false};
 std::atomic<bool> tile_multiplies_disabled{false};
 }  // namespace
 
-void DisableIntegerDotProductsForTest(bool disabled) {
-  integer_dot_products_disabled.store(disabled, std::memory_order_relaxed);
+void DisableDotProductReadersForTest(bool disabled) {
+  dot_product_readers_disabled.store(disabled, std::memory_order_relaxed);
 }
-bool IntegerDotProductsDisabledForTest() {
-  return integer_dot_products_disabled.load(std::memory_order_relaxed);
+bool DotProductReadersDisabledForTest() {
+  return dot_product_readers_disabled.load(std::memory_order_relaxed);
 }
 void DisableTileMultipliesForTest(bool disabled) {
   tile_multiplies_disabled.store(disabled, std::memory_order_relaxed);

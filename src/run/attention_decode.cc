@@ -33,6 +33,7 @@
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 #include "run/attention_amx-inl.h"
+#include "run/attention_bf16-inl.h"
 #include "run/attention_readers-inl.h"
 #include "run/attention_rows-inl.h"
 #include "run/attention_vnni-inl.h"
@@ -134,8 +135,15 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
   // (attention_amx-inl.h).
   const bool amx_keys = AmxKeysApply(vnni, group);
   const bool amx_values = AmxValuesApply(vnni_values, group);
+  // BF16 keys and values on CPUs with AVX512_BF16 (attention_bf16-inl.h).
+  const Bf16Plan bf16 = PlanBf16(k_side, v_side, head_dim, nd);
   thread_local std::vector<VnniQuery> vnni_queries;
   thread_local AmxQueries amx_queries;
+  thread_local std::vector<uint16_t> bf16_queries;
+  if (bf16.keys) {
+    bf16_queries.resize(static_cast<size_t>(group) * head_dim);
+    Bf16PrepareQueries(q, group, head_dim, bf16_queries.data());
+  }
   if (amx_keys) {
     AmxPrepareQueries(vnni, q, group, &amx_queries);
   } else if (vnni.ok && !vnni.kivi) {  // (KIVI quantises per unit: its scales fold into the query)
@@ -160,6 +168,8 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
       AmxScoreTile(vnni, keys, values, num_keys, amx_queries, group, s, s_stride);
     } else if (vnni.ok) {
       VnniScoreTile(vnni, keys, values, num_keys, vnni_queries.data(), q, group, s, s_stride);
+    } else if (bf16.keys) {
+      Bf16ScoreTile(keys, values, num_keys, bf16_queries.data(), group, head_dim, s, s_stride);
     } else {
       score(keys, values, num_keys, q, group, head_dim, s, s_stride);
     }
@@ -198,6 +208,8 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
       AmxAccumulateTile(vnni_values, values, num_keys, s, s_stride, group, state, state_stride);
     } else if (vnni_values.ok) {
       VnniAccumulateTile(vnni_values, values, num_keys, s, s_stride, group, state, state_stride);
+    } else if (bf16.values) {
+      Bf16AccumulateTile(values, num_keys, s, s_stride, group, head_dim, state, state_stride);
     } else {
       accumulate(values, num_keys, s, s_stride, group, head_dim, state, state_stride);
     }
@@ -214,6 +226,7 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
   if (vnni_values.ok && vnni_values.value_spans > 0) {  // span order: back to element order
     VnniSpanOrderToElements(vnni_values, group, state, state_stride);
   }
+  if (bf16.values) Bf16OrderToElements(group, head_dim, state, state_stride);
   if (sink != nullptr && sink->row != nullptr) {
     // What the merge of a single part computes: its max, and 1 / its sum (its weight there is
     // exp(0) = 1), the same bits.

@@ -19,11 +19,12 @@ void PrefillAttention(const KvLayerView& view, const float* q, int num_queries,
                       const AttentionParams& params, float* out, ThreadPool* pool,
                       const AttentionScores* scores);
 
-// Tests only: whether the integer dot-product readers (attention_vnni-inl.h) are switched off, so
-// that the float readers they replace on CPUs with AVX-512 VNNI are tested there too. Not
-// thread-safe against running kernels: set it between calls.
-void DisableIntegerDotProductsForTest(bool disabled);
-bool IntegerDotProductsDisabledForTest();
+// Tests only: whether the dot-product readers (integer: attention_vnni-inl.h; BF16:
+// attention_bf16-inl.h) are switched off, so that the float readers they replace on CPUs with
+// AVX-512 VNNI or AVX512_BF16 are tested there too. Not thread-safe against running kernels: set
+// it between calls.
+void DisableDotProductReadersForTest(bool disabled);
+bool DotProductReadersDisabledForTest();
 
 // Tests only: whether the AMX tile multiplies (attention_amx-inl.h) are switched off, so that the
 // VNNI readers they replace on CPUs with AMX are tested there too. Same contract as above.

@@ -48,6 +48,7 @@ enum ScratchSlot {
   kSlotHeaders,
   kSlotQuery,
   kSlotSplitQuery,
+  kSlotBf16Weights,
   kNumSlots
 };
 

@@ -111,7 +111,7 @@ struct VnniQuery {
 bool CpuHasVnni() {
   static const bool has =
       __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
-  return has && !IntegerDotProductsDisabledForTest();
+  return has && !DotProductReadersDisabledForTest();
 }
 
 // The permute indexes of one code width, computed once.

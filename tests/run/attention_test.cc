@@ -262,7 +262,7 @@ TEST(AttentionTest, IntegerCodecsAtEveryGroupAndWidth) {
   ThreadPool pool(2);
   for (const int readers : {0, 1, 2}) {
     DisableTileMultipliesForTest(readers >= 1);
-    DisableIntegerDotProductsForTest(readers == 2);
+    DisableDotProductReadersForTest(readers == 2);
     SCOPED_TRACE(readers == 0   ? "tile multiplies and integer readers where the CPU has them"
                  : readers == 1 ? "integer readers where the CPU has them"
                                 : "float readers");
@@ -287,7 +287,45 @@ TEST(AttentionTest, IntegerCodecsAtEveryGroupAndWidth) {
     }
   }
   DisableTileMultipliesForTest(false);
-  DisableIntegerDotProductsForTest(false);
+  DisableDotProductReadersForTest(false);
+}
+
+TEST(AttentionTest, Bf16CodecsAtEveryGroupAndWidth) {
+  // The BF16 dot-product readers' shapes (on CPUs with AVX512_BF16): query heads in steps of 4,
+  // 2 and 1, head_dim in slices of 1 to 8 chunks of 32 (48 takes the float readers: not whole
+  // chunks), an odd number of keys in the last tile (value rows go in pairs), BF16 on one side
+  // only, sinks and pending tokens. Twice: with the dot-product readers, with the float readers.
+  // Where the CPU has them, the two must also differ (the query and weights are rounded to BF16):
+  // equal outputs would mean the dot-product readers never ran.
+#if defined(__x86_64__)
+  const bool cpu_has_bf16 = __builtin_cpu_supports("avx512bf16");
+#else
+  const bool cpu_has_bf16 = false;
+#endif
+  ThreadPool pool(2);
+  for (int head_dim : {32, 48, 64, 96, 128, 256}) {
+    for (const auto& [k, v] : {std::pair{"bf16", "bf16"}, {"bf16", "f32"}, {"f16", "bf16"}}) {
+      for (int group : {1, 3, 4, 5, 8}) {
+        Case c;
+        c.num_tokens = 701;
+        c.num_kv_heads = 2;
+        c.group = group;
+        c.head_dim = head_dim;
+        c.k_codec = k;
+        c.v_codec = v;
+        c.num_sinks = 3;
+        c.extra_pending = 2;
+        ThreadPool* threads = group % 2 == 0 ? &pool : nullptr;
+        const std::vector<float> dot = RunAndCompare(c, {LayoutKind::kPaged, 64}, threads);
+        DisableDotProductReadersForTest(true);
+        const std::vector<float> by_floats = RunAndCompare(c, {LayoutKind::kPaged, 64}, threads);
+        DisableDotProductReadersForTest(false);
+        if (cpu_has_bf16 && head_dim % 32 == 0) {
+          EXPECT_NE(dot, by_floats) << k << "/" << v << " head_dim " << head_dim;
+        }
+      }
+    }
+  }
 }
 
 TEST(AttentionTest, RotatedKeysGiveTheUnrotatedAttention) {
@@ -348,7 +386,7 @@ TEST(AttentionTest, QuantisedReadersOnEverySimdTarget) {
   targets.push_back(0);  // the machine's own, without the integer readers
   for (int64_t target : targets) {
     hwy::SetSupportedTargetsForTest(target);
-    DisableIntegerDotProductsForTest(target == 0);
+    DisableDotProductReadersForTest(target == 0);
     SCOPED_TRACE(target == 0 ? std::string("best target, float readers") : hwy::TargetName(target));
     for (const char* k : {"int8", "int4", "int2", "kivi4", "kivi2", "int4-g64", "fp8_e4m3",
                           "fp8_e5m2", "q4_absmax"}) {
@@ -362,7 +400,7 @@ TEST(AttentionTest, QuantisedReadersOnEverySimdTarget) {
     }
   }
   hwy::SetSupportedTargetsForTest(0);  // back to the machine's own
-  DisableIntegerDotProductsForTest(false);
+  DisableDotProductReadersForTest(false);
 }
 
 }  // namespace

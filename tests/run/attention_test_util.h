@@ -36,8 +36,12 @@ constexpr float kTolerance = 2e-5f;
 //   where the keys are Hadamard-rotated or KIVI's (whose scales fold into the query): that
 //   query is off the grid, and with these tests' sharp softmax (queries of magnitude ~4)
 //   outputs moved by up to 2.2e-3 (allowed: 1e-2).
+// - BF16 keys and values, on CPUs with AVX512_BF16 (src/run/attention_bf16-inl.h): the query
+//   and the softmax weights are rounded to BF16, each off by at most 2^-9 of itself; in these
+//   tests outputs and scores moved by up to 5.7e-4 (allowed: 1e-3).
 constexpr float kQuantisedValueTolerance = 2e-4f;
 constexpr float kRoundedQueryTolerance = 1e-2f;
+constexpr float kBf16DotTolerance = 1e-3f;
 
 inline bool IsIntegerCodec(const std::string& name) {
   for (const char* prefix : {"int8", "int4", "int2", "q4_absmax", "kivi"}) {
@@ -251,6 +255,7 @@ inline TestInputs MakeInputs(const Case& c, const Layout& layout) {
 inline float ToleranceFor(const Case& c) {
   float tolerance = kTolerance;
   if (IsIntegerCodec(c.v_codec)) tolerance = kQuantisedValueTolerance;
+  if (c.k_codec == "bf16" || c.v_codec == "bf16") tolerance = kBf16DotTolerance;
   // KIVI folds each unit's per-channel scales into the query, which takes it off the grid.
   if (IsIntegerCodec(c.k_codec) && !c.k_codec.starts_with("int8") &&
       (c.keys_rotated || c.k_codec.starts_with("kivi"))) {
