@@ -81,14 +81,14 @@ KVS_BF16_ATTR void Bf16PrepareQueries(const float* q, int group, size_t head_dim
   const size_t n = static_cast<size_t>(group) * head_dim;
   for (size_t e = 0; e < n; e += kBf16Chunk) {
     const __m512bh bf = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + e + 16), _mm512_loadu_ps(q + e));
-    _mm512_storeu_si512(out + e, reinterpret_cast<const __m512i&>(bf));
+    _mm512_storeu_si512(out + e, (__m512i)bf);
   }
 }
 
-KVS_BF16_ATTR HWY_INLINE __m512bh LoadBf16(const void* p) {
-  const __m512i bits = _mm512_loadu_si512(p);
-  return reinterpret_cast<const __m512bh&>(bits);
-}
+// Vector casts (a reference cast would send the vector through memory).
+KVS_BF16_ATTR HWY_INLINE __m512bh AsBf16(__m512i bits) { return (__m512bh)bits; }
+
+KVS_BF16_ATTR HWY_INLINE __m512bh LoadBf16(const void* p) { return AsBf16(_mm512_loadu_si512(p)); }
 
 // Scores of keys key0 .. key0 + 3 against kNumQ query heads q: [kNumQ, head_dim] BF16, written
 // to s[j * s_stride + key0 + key].
@@ -159,15 +159,15 @@ KVS_BF16_ATTR HWY_INLINE void Bf16AccumulateSlice(const RowSet& values, size_t n
     __m512bh wv[kNumQ];
     for (int j = 0; j < kNumQ; ++j) {
       const __m512i bits = _mm512_set1_epi32(static_cast<int>(w[j * w_stride + pair]));
-      wv[j] = reinterpret_cast<const __m512bh&>(bits);
+      wv[j] = AsBf16(bits);
     }
     for (int c = 0; c < kChunks; ++c) {
       const __m512i a = _mm512_loadu_si512(first + c * kBf16Chunk * sizeof(uint16_t));
       const __m512i b = _mm512_loadu_si512(second + c * kBf16Chunk * sizeof(uint16_t));
       const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
       for (int j = 0; j < kNumQ; ++j) {
-        acc[j][c][0] = _mm512_dpbf16_ps(acc[j][c][0], reinterpret_cast<const __m512bh&>(lo), wv[j]);
-        acc[j][c][1] = _mm512_dpbf16_ps(acc[j][c][1], reinterpret_cast<const __m512bh&>(hi), wv[j]);
+        acc[j][c][0] = _mm512_dpbf16_ps(acc[j][c][0], AsBf16(lo), wv[j]);
+        acc[j][c][1] = _mm512_dpbf16_ps(acc[j][c][1], AsBf16(hi), wv[j]);
       }
     }
   }
@@ -180,7 +180,9 @@ KVS_BF16_ATTR HWY_INLINE void Bf16AccumulateSlice(const RowSet& values, size_t n
   }
 }
 
-// The same over all of head_dim: slices of as many chunks as keep 16 accumulators in registers.
+// The same over all of head_dim: slices of as many chunks as keep 16 accumulators in registers,
+// then the rest in at most two slices (4, 2 or 1 chunks), so that each value row is passed over
+// as few times as the registers allow.
 template <int kNumQ>
 KVS_BF16_ATTR HWY_INLINE void Bf16AccumulateRows(const RowSet& values, size_t num_pairs,
                                                  const uint32_t* w, size_t w_stride,
@@ -191,7 +193,22 @@ KVS_BF16_ATTR HWY_INLINE void Bf16AccumulateRows(const RowSet& values, size_t nu
   for (; e0 + kMaxChunks * kBf16Chunk <= head_dim; e0 += kMaxChunks * kBf16Chunk) {
     Bf16AccumulateSlice<kNumQ, kMaxChunks>(values, num_pairs, w, w_stride, e0, state, state_stride);
   }
-  for (; e0 < head_dim; e0 += kBf16Chunk) {
+  size_t chunks_left = (head_dim - e0) / kBf16Chunk;
+  if constexpr (kMaxChunks > 4) {
+    if (chunks_left >= 4) {
+      Bf16AccumulateSlice<kNumQ, 4>(values, num_pairs, w, w_stride, e0, state, state_stride);
+      e0 += 4 * kBf16Chunk;
+      chunks_left -= 4;
+    }
+  }
+  if constexpr (kMaxChunks > 2) {
+    if (chunks_left >= 2) {
+      Bf16AccumulateSlice<kNumQ, 2>(values, num_pairs, w, w_stride, e0, state, state_stride);
+      e0 += 2 * kBf16Chunk;
+      chunks_left -= 2;
+    }
+  }
+  if (chunks_left == 1) {
     Bf16AccumulateSlice<kNumQ, 1>(values, num_pairs, w, w_stride, e0, state, state_stride);
   }
 }
@@ -209,8 +226,7 @@ KVS_BF16_ATTR void Bf16AccumulateTile(const RowSet& values, size_t num_keys, con
   for (int j = 0; j < group; ++j) {
     for (size_t key = 0; key < num_keys16; key += 16) {
       const __m256bh bf = _mm512_cvtneps_pbh(_mm512_loadu_ps(p + j * p_stride + key));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(w + j * w_stride + key / 2),
-                          reinterpret_cast<const __m256i&>(bf));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(w + j * w_stride + key / 2), (__m256i)bf);
     }
   }
   const size_t num_pairs = (num_keys + 1) / 2;
