@@ -252,6 +252,22 @@ TEST(AttentionTest, QuantisedCodecsAtEveryHeadDim) {
   }
 }
 
+// A case for the fast readers' shapes: several tiles (with a 64-token block), 3 sinks and 2
+// pending tokens beside the arena.
+Case ReadersCase(int num_tokens, int num_kv_heads, int group, int head_dim, const std::string& k,
+                 const std::string& v) {
+  Case c;
+  c.num_tokens = num_tokens;
+  c.num_kv_heads = num_kv_heads;
+  c.group = group;
+  c.head_dim = head_dim;
+  c.k_codec = k;
+  c.v_codec = v;
+  c.num_sinks = 3;
+  c.extra_pending = 2;
+  return c;
+}
+
 TEST(AttentionTest, IntegerCodecsAtEveryGroupAndWidth) {
   // The integer readers' shapes (the VNNI ones on CPUs that have it): query heads per kv head
   // in steps of 4, 2 and 1 (3, 5, 8), head_dim with 2 or 4 blocks of 16 per pass and rows of
@@ -272,15 +288,7 @@ TEST(AttentionTest, IntegerCodecsAtEveryGroupAndWidth) {
         if (codec == "int4-g16" && head_dim == 96) codec = "int4-g32";
         if (!CreateCodec(codec, head_dim, CodecRole::kKey).ok()) continue;
         for (int group : {1, 3, 4, 5, 8}) {
-          Case c;
-          c.num_tokens = 700;
-          c.num_kv_heads = 1;
-          c.group = group;
-          c.head_dim = head_dim;
-          c.k_codec = codec;
-          c.v_codec = codec;
-          c.num_sinks = 3;
-          c.extra_pending = 2;
+          const Case c = ReadersCase(700, 1, group, head_dim, codec, codec);
           RunAndCompare(c, {LayoutKind::kPaged, 64}, group % 2 == 0 ? &pool : nullptr);
         }
       }
@@ -307,15 +315,7 @@ TEST(AttentionTest, Bf16CodecsAtEveryGroupAndWidth) {
   for (int head_dim : {32, 48, 64, 96, 128, 256}) {
     for (const auto& [k, v] : {std::pair{"bf16", "bf16"}, {"bf16", "f32"}, {"f16", "bf16"}}) {
       for (int group : {1, 3, 4, 5, 8}) {
-        Case c;
-        c.num_tokens = 701;
-        c.num_kv_heads = 2;
-        c.group = group;
-        c.head_dim = head_dim;
-        c.k_codec = k;
-        c.v_codec = v;
-        c.num_sinks = 3;
-        c.extra_pending = 2;
+        const Case c = ReadersCase(701, 2, group, head_dim, k, v);
         ThreadPool* threads = group % 2 == 0 ? &pool : nullptr;
         const std::vector<float> dot = RunAndCompare(c, {LayoutKind::kPaged, 64}, threads);
         DisableDotProductReadersForTest(true);
