@@ -500,6 +500,20 @@ HWY_INLINE void AccumulateRows(D d, const RowSet& values, size_t num_keys,
       AccumulateSlice<kNumQ, 2, kV>(d, values, num_keys, p, p_stride, i0, hf, acc, acc_stride);
     }
   } else {
+    // The rest in slices of 4, 2 and 1 vectors, so that each value row is passed over as few
+    // times as the registers allow (head_dim 64 with one query head: one pass, not four).
+    if constexpr (kMaxVecs > 4) {
+      if (i0 + 4 * n <= head_dim) {
+        AccumulateSlice<kNumQ, 4, kV>(d, values, num_keys, p, p_stride, i0, hf, acc, acc_stride);
+        i0 += 4 * n;
+      }
+    }
+    if constexpr (kMaxVecs > 2) {
+      if (i0 + 2 * n <= head_dim) {
+        AccumulateSlice<kNumQ, 2, kV>(d, values, num_keys, p, p_stride, i0, hf, acc, acc_stride);
+        i0 += 2 * n;
+      }
+    }
     for (; i0 < head_dim; i0 += n) {
       AccumulateSlice<kNumQ, 1, kV>(d, values, num_keys, p, p_stride, i0, hf, acc, acc_stride);
     }
