@@ -43,6 +43,13 @@ float LoadF16Scalar(const std::byte* p) {
   return F16ToF32(bits);
 }
 
+// The factor of a row-scaled reader's row (IsRowScaled): its f16 scale, times what LoadRow
+// leaves out of the values.
+template <Reader kR>
+float RowScale(const std::byte* row) {
+  return LoadF16Scalar(row) * RowScaleFactor(kR);
+}
+
 // Where the keys (or values) of one tile are: rows[i] is the data of tile key i in the reader's
 // format, hdrs[i] its header (integer groups and KIVI units). Padded to a multiple of 16 keys by
 // repeating the last key.
@@ -288,7 +295,7 @@ HWY_INLINE void ScoreFourRows(D d, const RowSet& keys, size_t key0, const float*
   if constexpr (IsRowScaled(kK)) {
     HWY_UNROLL(4)
     for (int key = 0; key < 4; ++key) {
-      const float scale = LoadF16Scalar(rows[key]);
+      const float scale = RowScale<kK>(rows[key]);
       for (int j = 0; j < kNumQ; ++j) s[j * s_stride + key] *= scale;
     }
   }
@@ -533,7 +540,7 @@ void AccumulateTile(const RowSet& values, size_t num_keys, const float* p, size_
     hf = Scratch(kSlotHeaders, num_keys * kMaxHeaderFloats);
     for (size_t key = 0; key < num_keys; ++key) {
       if constexpr (IsRowScaled(kV)) {
-        hf[key * kMaxHeaderFloats] = LoadF16Scalar(values.rows[key]);
+        hf[key * kMaxHeaderFloats] = RowScale<kV>(values.rows[key]);
       } else {
         LoadHeader<kV>(values, key, hf + key * kMaxHeaderFloats);
       }
@@ -642,7 +649,7 @@ void DecodeRowsF32(const RowSet& set, size_t num_keys, size_t head_dim, float* H
     if constexpr (IsFloatReader(kE)) {
       ConvertRow<kE>(row, head_dim, out);
     } else if constexpr (IsRowScaled(kE)) {  // raw codes times the row's f16 scale
-      const auto scale = hn::Set(d, LoadF16Scalar(row));
+      const auto scale = hn::Set(d, RowScale<kE>(row));
       for (size_t i = 0; i < head_dim; i += n) {
         hn::StoreU(hn::Mul(LoadRow<kE>(d, row, i), scale), d, out + i);
       }

@@ -71,7 +71,7 @@ enum class Reader {
   kKivi4,    // KIVI keys: raw codes in split order (below); per-channel scale/min are folded
   kKivi2,    //   into the query
   kInt4S,    // kInt4 in split order, for groups that are whole blocks
-  kFp8E4M3,  // [f16 scale][fp8 codes]; loads the unscaled fp8 values, like kInt8
+  kFp8E4M3,  // [f16 scale][fp8 codes]; loads the unscaled fp8 values times 2^-8 (RowScale)
   kFp8E5M2,
 };
 
@@ -79,6 +79,10 @@ enum class Reader {
 constexpr bool IsRowScaled(Reader r) {
   return r == Reader::kInt8 || r == Reader::kFp8E4M3 || r == Reader::kFp8E5M2;
 }
+
+// What a row-scaled reader's loaded values are multiplied by besides the row's scale: E4M3
+// loads its values times 2^-8 (see LoadRow).
+constexpr float RowScaleFactor(Reader r) { return r == Reader::kFp8E4M3 ? 256.0f : 1.0f; }
 
 constexpr bool IsFloatReader(Reader r) {
   return r == Reader::kF32 || r == Reader::kF16 || r == Reader::kBF16;
@@ -195,6 +199,24 @@ HWY_INLINE hn::Vec<D> SplitPart(D d, hn::Vec<hn::Rebind<int32_t, D>> block, int 
       d, hn::And(hn::ShiftRightSame(block, r * kBits), hn::Set(di, (1 << kBits) - 1)));
 }
 
+// IEEE halves to F32, infinities and NaNs included: on targets without F16C, Highway's
+// emulated PromoteTo turns the all-ones exponent into finite values of magnitude >= 2^16, which
+// no finite half reaches (its largest is 65504), so those are put right here.
+template <class D>
+HWY_INLINE hn::Vec<D> HalfToF32(D d, hn::Vec<hn::Rebind<hwy::float16_t, D>> halves) {
+  const auto f = hn::PromoteTo(d, halves);
+#if HWY_TARGET >= HWY_SSE4
+  const auto magnitude = hn::Abs(f);
+  const auto limit = hn::Set(d, 65536.0f);
+  const auto special =
+      hn::IfThenElse(hn::Eq(magnitude, limit), hn::Set(d, std::numeric_limits<float>::infinity()),
+                     hn::Set(d, std::numeric_limits<float>::quiet_NaN()));
+  return hn::IfThenElse(hn::Ge(magnitude, limit), hn::CopySign(special, f), f);
+#else
+  return f;
+#endif
+}
+
 // Loads Lanes(d) elements of a stored row starting at element `i`, converted to f32 in
 // registers: floats as stored, integer groups dequantised with the (scale, min) of the group
 // holding them, int8 and KIVI as raw codes (their callers apply the scales). One-lane tags
@@ -209,7 +231,7 @@ HWY_INLINE hn::Vec<D> LoadRow(D d, const std::byte* row, size_t i, hn::Vec<D> sc
     return hn::LoadU(d, reinterpret_cast<const float*>(row) + i);
   } else if constexpr (kR == Reader::kF16) {
     const hn::Rebind<hwy::float16_t, D> d16;
-    return hn::PromoteTo(d, hn::LoadU(d16, reinterpret_cast<const hwy::float16_t*>(row) + i));
+    return HalfToF32(d, hn::LoadU(d16, reinterpret_cast<const hwy::float16_t*>(row) + i));
   } else if constexpr (kR == Reader::kBF16) {
     const hn::Rebind<hwy::bfloat16_t, D> d16;
     return hn::PromoteTo(d, hn::LoadU(d16, reinterpret_cast<const hwy::bfloat16_t*>(row) + i));
@@ -221,21 +243,21 @@ HWY_INLINE hn::Vec<D> LoadRow(D d, const std::byte* row, size_t i, hn::Vec<D> sc
     const hn::Rebind<uint8_t, D> du8;
     const hn::Rebind<uint16_t, D> du16;
     const auto bytes = hn::LoadU(du8, reinterpret_cast<const uint8_t*>(row + sizeof(uint16_t)) + i);
-    return hn::PromoteTo(d, hn::BitCast(hn::Rebind<hwy::float16_t, D>(),
-                                        hn::ShiftLeft<8>(hn::PromoteTo(du16, bytes))));
+    return HalfToF32(d, hn::BitCast(hn::Rebind<hwy::float16_t, D>(),
+                                    hn::ShiftLeft<8>(hn::PromoteTo(du16, bytes))));
   } else if constexpr (kR == Reader::kFp8E4M3) {
-    // Sign to bit 31, exponent and mantissa to bits 20..26: an F32 whose value is the E4M3
-    // value times 2^-120 (subnormals too), so one exact multiply rebiases it. 0x7F is NaN.
-    const hn::Rebind<uint8_t, D> du8;
-    const hn::Rebind<uint32_t, D> du32;
-    const auto b = hn::PromoteTo(
-        du32, hn::LoadU(du8, reinterpret_cast<const uint8_t*>(row + sizeof(uint16_t)) + i));
-    const auto magnitude = hn::And(b, hn::Set(du32, 0x7F));
-    const auto bits =
-        hn::Or(hn::ShiftLeft<24>(hn::And(b, hn::Set(du32, 0x80))), hn::ShiftLeft<20>(magnitude));
-    const auto value = hn::Mul(hn::BitCast(d, bits), hn::Set(d, 0x1p120f));
-    return hn::IfThenElse(hn::RebindMask(d, hn::Eq(magnitude, hn::Set(du32, 0x7F))),
-                          hn::Set(d, std::numeric_limits<float>::quiet_NaN()), value);
+    // The sign-extended code shifted left by 7 puts the sign in bit 15 (and a copy in bit 14,
+    // cleared) and exponent and mantissa in bits 7..13: an IEEE half whose value is the E4M3
+    // value times 2^-8, subnormals included (E4M3's exponent bias is 7, the half's 15; the
+    // row's scale takes the 2^8, see RowScale). 0x7F and 0xFF are NaN.
+    const hn::Rebind<int8_t, D> di8;
+    const hn::Rebind<int16_t, D> di16;
+    const auto codes = hn::PromoteTo(
+        di16, hn::LoadU(di8, reinterpret_cast<const int8_t*>(row + sizeof(uint16_t)) + i));
+    const auto half = hn::And(hn::ShiftLeft<7>(codes), hn::Set(di16, int16_t{-0x4001}));
+    const auto nan = hn::Eq(hn::And(half, hn::Set(di16, 0x7FFF)), hn::Set(di16, 0x3F80));
+    return HalfToF32(d, hn::BitCast(hn::Rebind<hwy::float16_t, D>(),
+                                    hn::IfThenElse(nan, hn::Set(di16, 0x7E00), half)));
   } else if constexpr (kR == Reader::kInt4 || kR == Reader::kInt2) {
     return hn::MulAdd(LoadCodes<ReaderBits(kR)>(d, row, i), scale, min);
   } else {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -17,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "hwy/targets.h"
 #include "kvstack/codec.h"
+#include "represent/fp8.h"
 #include "represent/hadamard.h"
 #include "run/attention_kernels.h"
 
@@ -402,6 +404,79 @@ TEST(AttentionTest, QuantisedReadersOnEverySimdTarget) {
   }
   hwy::SetSupportedTargetsForTest(0);  // back to the machine's own
   DisableDotProductReadersForTest(false);
+}
+
+// Runs one token's attention on every SIMD target: each query head's output is then its kv
+// head's value row as stored, which must equal the reference's, NaNs and infinities included.
+// Returns the number of NaNs in the reference's output.
+int ExpectStoredValuesOnEveryTarget(const Case& c, const std::vector<float>& v) {
+  const std::vector<float> k = RandomVector(v.size(), 1.0f, 1);
+  const TestCache cache = BuildCache(k, v, c, kPaged16);
+  const std::vector<float> q = RandomVector(v.size(), 1.0f, 3);
+  const AttentionParams params{c.num_kv_heads, 0.1f};
+  std::vector<float> expected(v.size());
+  AttentionReference(cache.view, q.data(), 1, params, expected.data());
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(c.v_codec + " on " + hwy::TargetName(target));
+    std::vector<float> out(v.size(), -12345.0f);
+    Attention(cache.view, q.data(), 1, params, out.data(), nullptr);
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (std::isnan(expected[i])) {
+        EXPECT_TRUE(std::isnan(out[i])) << "element " << i << ": " << out[i];
+      } else if (std::isinf(expected[i])) {
+        EXPECT_EQ(out[i], expected[i]) << "element " << i;
+      } else {
+        EXPECT_NEAR(out[i], expected[i], 1e-6f * std::max(1.0f, std::abs(expected[i])))
+            << "element " << i;
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);  // back to the machine's own
+  return static_cast<int>(
+      std::count_if(expected.begin(), expected.end(), [](float x) { return std::isnan(x); }));
+}
+
+TEST(AttentionTest, Fp8ReadersDecodeEveryCodeOnEverySimdTarget) {
+  // Row h holds the codes 64 h .. 64 h + 63 (subnormals, both zeros and the NaN codes among
+  // them), then the format's largest finite value, which pins the row's scale at 1, so every
+  // code is stored as itself. E5M2's infinities cannot be stored (encoding saturates them).
+  struct Format {
+    const char* codec;
+    float (*decode)(uint8_t);
+    float max_finite;
+    int nan_codes;
+  };
+  for (const Format& f : {Format{"fp8_e4m3", &Fp8E4M3ToF32, 448.0f, 2},
+                          Format{"fp8_e5m2", &Fp8E5M2ToF32, 57344.0f, 6}}) {
+    Case c;
+    c.num_tokens = 1;
+    c.num_kv_heads = 4;
+    c.head_dim = 128;
+    c.v_codec = f.codec;
+    std::vector<float> v(static_cast<size_t>(c.num_kv_heads) * c.head_dim, 0.0f);
+    for (int h = 0; h < c.num_kv_heads; ++h) {
+      for (int e = 0; e < 64; ++e) {
+        const float x = f.decode(static_cast<uint8_t>(64 * h + e));
+        v[h * c.head_dim + e] = std::isinf(x) ? 0.0f : x;
+      }
+      v[h * c.head_dim + 64] = f.max_finite;
+    }
+    EXPECT_EQ(ExpectStoredValuesOnEveryTarget(c, v), f.nan_codes) << f.codec;
+  }
+}
+
+TEST(AttentionTest, F16ReaderKeepsInfinitiesAndNaNsOnEverySimdTarget) {
+  Case c;
+  c.num_tokens = 1;
+  c.num_kv_heads = 1;
+  c.head_dim = 16;
+  c.v_codec = "f16";
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> v = {inf,       -inf, std::nanf(""), 65504.0f, -65504.0f, 0x1p-24f,
+                                -0x1p-14f, 1.0f, 0.0f,          -0.0f,    0.5f,      3.0f,
+                                -2.0f,     1e4f, 7.0f,          0.25f};
+  EXPECT_EQ(ExpectStoredValuesOnEveryTarget(c, v), 1);
 }
 
 }  // namespace
