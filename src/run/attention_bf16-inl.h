@@ -180,37 +180,32 @@ KVS_BF16_ATTR HWY_INLINE void Bf16AccumulateSlice(const RowSet& values, size_t n
   }
 }
 
+// Bf16AccumulateSlice for ForEachSlice: chunk `first` on, kChunks chunks.
+template <int kNumQ>
+struct Bf16Slices {
+  template <int kChunks>
+  KVS_BF16_ATTR void operator()(size_t first) const {
+    Bf16AccumulateSlice<kNumQ, kChunks>(values, num_pairs, w, w_stride, first * kBf16Chunk, state,
+                                        state_stride);
+  }
+  const RowSet& values;
+  size_t num_pairs;
+  const uint32_t* w;
+  size_t w_stride;
+  float* state;
+  size_t state_stride;
+};
+
 // The same over all of head_dim: slices of as many chunks as keep 16 accumulators in registers,
-// then the rest in at most two slices (4, 2 or 1 chunks), so that each value row is passed over
-// as few times as the registers allow.
+// then the rest by ForEachSlice, so that each value row is passed over as few times as the
+// registers allow.
 template <int kNumQ>
 KVS_BF16_ATTR HWY_INLINE void Bf16AccumulateRows(const RowSet& values, size_t num_pairs,
                                                  const uint32_t* w, size_t w_stride,
                                                  size_t head_dim, float* state,
                                                  size_t state_stride) {
-  constexpr int kMaxChunks = 8 / kNumQ;
-  size_t e0 = 0;
-  for (; e0 + kMaxChunks * kBf16Chunk <= head_dim; e0 += kMaxChunks * kBf16Chunk) {
-    Bf16AccumulateSlice<kNumQ, kMaxChunks>(values, num_pairs, w, w_stride, e0, state, state_stride);
-  }
-  size_t chunks_left = (head_dim - e0) / kBf16Chunk;
-  if constexpr (kMaxChunks > 4) {
-    if (chunks_left >= 4) {
-      Bf16AccumulateSlice<kNumQ, 4>(values, num_pairs, w, w_stride, e0, state, state_stride);
-      e0 += 4 * kBf16Chunk;
-      chunks_left -= 4;
-    }
-  }
-  if constexpr (kMaxChunks > 2) {
-    if (chunks_left >= 2) {
-      Bf16AccumulateSlice<kNumQ, 2>(values, num_pairs, w, w_stride, e0, state, state_stride);
-      e0 += 2 * kBf16Chunk;
-      chunks_left -= 2;
-    }
-  }
-  if (chunks_left == 1) {
-    Bf16AccumulateSlice<kNumQ, 1>(values, num_pairs, w, w_stride, e0, state, state_stride);
-  }
+  ForEachSlice<8 / kNumQ>(head_dim / kBf16Chunk,
+                          Bf16Slices<kNumQ>{values, num_pairs, w, w_stride, state, state_stride});
 }
 
 // Weighted sum of a tile's values (rows padded to a multiple of 16) into the running states of

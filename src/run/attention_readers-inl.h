@@ -311,6 +311,33 @@ constexpr int kScoreHeadStep = 2;
 
 // Runs fn(j, num_q) over the query heads of a group in steps of kMaxStep (4 or 2), 2 and 1,
 // so that each key or value element is converted once per step of heads.
+// Walks the units [0, num_units) (vectors or chunks of a row) in slices of kMax units (a power
+// of two: as many as the accumulators in registers allow), then the rest in at most one slice
+// each of 4, 2 and 1, so that a row is passed over as few times as the registers allow:
+// calls slice.template operator()<kUnits>(first_unit). Not forced inline, so that a slice may
+// carry a wider target attribute than this walker (the BF16 readers'); a call per slice of a
+// tile's keys costs nothing next to the slice.
+template <int kMax, class Slice>
+inline void ForEachSlice(size_t num_units, const Slice& slice) {
+  size_t u = 0;
+  for (; u + kMax <= num_units; u += kMax) slice.template operator()<kMax>(u);
+  if constexpr (kMax > 4) {
+    if (u + 4 <= num_units) {
+      slice.template operator()<4>(u);
+      u += 4;
+    }
+  }
+  if constexpr (kMax > 2) {
+    if (u + 2 <= num_units) {
+      slice.template operator()<2>(u);
+      u += 2;
+    }
+  }
+  if constexpr (kMax > 1) {
+    if (u < num_units) slice.template operator()<1>(u);
+  }
+}
+
 template <int kMaxStep, class Fn>
 HWY_INLINE void ForEachHeadStep(int group, Fn&& fn) {
   int j = 0;
@@ -489,8 +516,8 @@ HWY_INLINE void AccumulateSlice(D d, const RowSet& values, size_t num_keys,
   }
 }
 
-// The same over all of head_dim: full slices of 8 / kNumQ vectors, then single vectors
-// (blocks for split readers).
+// The same over all of head_dim: slices of 8 / kNumQ vectors, then the rest by ForEachSlice
+// (split readers: by whole blocks).
 template <int kNumQ, Reader kV, class D>
 HWY_INLINE void AccumulateRows(D d, const RowSet& values, size_t num_keys,
                                const float* HWY_RESTRICT p, size_t p_stride, size_t head_dim,
@@ -498,32 +525,21 @@ HWY_INLINE void AccumulateRows(D d, const RowSet& values, size_t num_keys,
                                size_t acc_stride) {
   constexpr size_t kMaxVecs = 8 / kNumQ;  // accumulators in registers: at most 8
   const size_t n = hn::Lanes(d);
-  size_t i0 = 0;
-  for (; i0 + kMaxVecs * n <= head_dim; i0 += kMaxVecs * n) {
-    AccumulateSlice<kNumQ, kMaxVecs, kV>(d, values, num_keys, p, p_stride, i0, hf, acc, acc_stride);
-  }
   if constexpr (kV == Reader::kInt4S) {  // whole blocks (head_dim is a multiple of them)
+    size_t i0 = 0;
+    for (; i0 + kMaxVecs * n <= head_dim; i0 += kMaxVecs * n) {
+      AccumulateSlice<kNumQ, kMaxVecs, kV>(d, values, num_keys, p, p_stride, i0, hf, acc,
+                                           acc_stride);
+    }
     for (; i0 < head_dim; i0 += 2 * n) {
       AccumulateSlice<kNumQ, 2, kV>(d, values, num_keys, p, p_stride, i0, hf, acc, acc_stride);
     }
   } else {
-    // The rest in slices of 4, 2 and 1 vectors, so that each value row is passed over as few
-    // times as the registers allow (head_dim 64 with one query head: one pass, not four).
-    if constexpr (kMaxVecs > 4) {
-      if (i0 + 4 * n <= head_dim) {
-        AccumulateSlice<kNumQ, 4, kV>(d, values, num_keys, p, p_stride, i0, hf, acc, acc_stride);
-        i0 += 4 * n;
-      }
-    }
-    if constexpr (kMaxVecs > 2) {
-      if (i0 + 2 * n <= head_dim) {
-        AccumulateSlice<kNumQ, 2, kV>(d, values, num_keys, p, p_stride, i0, hf, acc, acc_stride);
-        i0 += 2 * n;
-      }
-    }
-    for (; i0 < head_dim; i0 += n) {
-      AccumulateSlice<kNumQ, 1, kV>(d, values, num_keys, p, p_stride, i0, hf, acc, acc_stride);
-    }
+    // (head_dim 64 with one query head: one pass over each value row, not four.)
+    ForEachSlice<kMaxVecs>(head_dim / n, [&]<int kVecs>(size_t v) {
+      AccumulateSlice<kNumQ, kVecs, kV>(d, values, num_keys, p, p_stride, v * n, hf, acc,
+                                        acc_stride);
+    });
   }
 }
 
