@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench_pool.h"
 #include "benchmark/benchmark.h"
 #include "kvstack/codec.h"
 #include "run/attention.h"
@@ -43,14 +44,6 @@ constexpr int kBlockSize = 16;
 std::map<int, double>& Bandwidth() {
   static std::map<int, double> bandwidth;
   return bandwidth;
-}
-
-ThreadPool* Pool(int num_threads) {
-  static std::map<int, std::unique_ptr<ThreadPool>> pools;
-  if (num_threads <= 1) return nullptr;
-  auto& pool = pools[num_threads];
-  if (!pool) pool = std::make_unique<ThreadPool>(num_threads);
-  return pool.get();
 }
 
 // A paged view over random data encoded with one codec for keys and values, block_size 16
@@ -139,7 +132,7 @@ void BM_Decode(benchmark::State& state, int num_kv_heads, int num_heads, int hea
   std::vector<float> q(static_cast<size_t>(num_heads) * head_dim, 0.5f);
   std::vector<float> out(q.size());
   const AttentionParams params{num_heads, 1.0f / std::sqrt(static_cast<float>(head_dim))};
-  ThreadPool* pool = Pool(num_threads);
+  ThreadPool* pool = BenchPool(num_threads);
   const auto start = std::chrono::steady_clock::now();
   const double cpu_start = ThreadCpuSeconds();
   for (auto _ : state) {
@@ -186,7 +179,7 @@ void BM_ScoresCost(benchmark::State& state, int num_kv_heads, int num_heads, int
   std::vector<float> score_rows(static_cast<size_t>(num_kv_heads) * cache.view.num_tokens);
   const AttentionScores scores{score_rows.data(), cache.view.num_tokens, 0, ScoreAggregation::kMax};
   const AttentionParams params{num_heads, 1.0f / std::sqrt(static_cast<float>(head_dim))};
-  ThreadPool* pool = Pool(num_threads);
+  ThreadPool* pool = BenchPool(num_threads);
   auto time = [&](const AttentionScores* s) {
     const auto start = std::chrono::steady_clock::now();
     Attention(cache.view, q.data(), 1, params, out.data(), pool, s);
@@ -216,7 +209,7 @@ void BM_Prefill(benchmark::State& state, int num_kv_heads, int num_heads, int he
   for (float& x : q) x = dist(rng);
   std::vector<float> out(q.size());
   const AttentionParams params{num_heads, 1.0f / std::sqrt(static_cast<float>(head_dim))};
-  ThreadPool* pool = Pool(num_threads);
+  ThreadPool* pool = BenchPool(num_threads);
   for (auto _ : state) {
     Attention(cache.view, q.data(), num_tokens, params, out.data(), pool);
     benchmark::DoNotOptimize(out.data());
@@ -364,7 +357,8 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   constexpr size_t kBandwidthBytes = size_t{1} << 30;
   for (int threads : {1, 2}) {
-    const double bw = kvstack::MeasureReadBandwidth(kBandwidthBytes, 5, kvstack::Pool(threads));
+    const double bw =
+        kvstack::MeasureReadBandwidth(kBandwidthBytes, 5, kvstack::BenchPool(threads));
     kvstack::Bandwidth()[threads] = bw;
     std::printf("read bandwidth, %d thread(s): %.1f GB/s\n", threads, bw / 1e9);
   }

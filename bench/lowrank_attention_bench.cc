@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_pool.h"
 #include "benchmark/benchmark.h"
 #include "kvstack/codec.h"
 #include "kvstack/kv_profile.h"
@@ -40,14 +41,6 @@ const char* const kCodecs[] = {"f16", "lowrank-r64", "lowrank-r32", "lowrank-r32
 double& Bandwidth() {
   static double bandwidth = 0.0;
   return bandwidth;
-}
-
-ThreadPool* Pool(int num_threads) {
-  static std::map<int, std::unique_ptr<ThreadPool>> pools;
-  if (num_threads <= 1) return nullptr;
-  auto& pool = pools[num_threads];
-  if (!pool) pool = std::make_unique<ThreadPool>(num_threads);
-  return pool.get();
 }
 
 // Rows [num_tokens, kNumKvHeads, kHeadDim] with decaying variances mixed across channels.
@@ -175,7 +168,7 @@ void BM_Decode(benchmark::State& state, std::string codec) {
   for (float& x : q) x = 0.1f * normal(rng);
   std::vector<float> out(q.size());
   const AttentionParams params{kNumHeads, 1.0f / std::sqrt(static_cast<float>(kHeadDim))};
-  ThreadPool* pool = Pool(num_threads);
+  ThreadPool* pool = BenchPool(num_threads);
   const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) {
     Attention(cache.view, q.data(), 1, params, out.data(), pool);
@@ -248,7 +241,7 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--long_contexts") long_contexts = true;
   }
   kvstack::Bandwidth() =
-      kvstack::MeasureReadBandwidth(size_t{1} << 30, 5, kvstack::Pool(kvstack::kThreads));
+      kvstack::MeasureReadBandwidth(size_t{1} << 30, 5, kvstack::BenchPool(kvstack::kThreads));
   std::printf("read bandwidth, %d threads: %.1f GB/s\n", kvstack::kThreads,
               kvstack::Bandwidth() / 1e9);
   kvstack::Profile();  // the bases, before any timing

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench_pool.h"
 #include "benchmark/benchmark.h"
 #include "kvstack/numeric.h"
 #include "run/dense_ops.h"
@@ -23,19 +24,11 @@
 namespace kvstack {
 namespace {
 
-ThreadPool* Pool(int num_threads) {
-  static std::map<int, std::unique_ptr<ThreadPool>> pools;
-  if (num_threads <= 1) return nullptr;
-  auto& pool = pools[num_threads];
-  if (!pool) pool = std::make_unique<ThreadPool>(num_threads);
-  return pool.get();
-}
-
 // Read bandwidth for a buffer of `bytes` with `num_threads`, measured once per pair.
 double ReadBandwidth(size_t bytes, int num_threads) {
   static std::map<std::pair<size_t, int>, double> cache;
   auto [it, inserted] = cache.try_emplace({bytes, num_threads}, 0.0);
-  if (inserted) it->second = MeasureReadBandwidth(bytes, 5, Pool(num_threads));
+  if (inserted) it->second = MeasureReadBandwidth(bytes, 5, BenchPool(num_threads));
   return it->second;
 }
 
@@ -74,7 +67,7 @@ void BM_MatMul(benchmark::State& state) {
   const BenchWeights w = MakeWeights(kType, rows, cols);
   std::vector<float> x(static_cast<size_t>(num_tokens) * cols, 0.5f);
   std::vector<float> y(static_cast<size_t>(num_tokens) * rows);
-  ThreadPool* pool = Pool(num_threads);
+  ThreadPool* pool = BenchPool(num_threads);
   for (auto _ : state) {
     ops::MatMul(w.matrix, x.data(), num_tokens, y.data(), pool);
     benchmark::DoNotOptimize(y.data());
