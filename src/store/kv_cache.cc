@@ -340,7 +340,9 @@ absl::Status KvCache::CommitAppend(const AppendPlan& plan) {
   }
   Impl::Sequence& seq = impl_->sequences.find(plan.seq_id)->second;
   for (int idx = 0; idx < plan.blocks_needed; ++idx) {
-    absl::StatusOr<BlockId> block = impl_->pool.Allocate();
+    // Next to the sequence's last block where the pool can (BlockPool::AllocateAfter).
+    absl::StatusOr<BlockId> block =
+        impl_->pool.AllocateAfter(seq.block_table.empty() ? -1 : seq.block_table.back());
     KVS_CHECK(block.ok());  // the plan checked num_free
     seq.block_table.push_back(*block);
   }

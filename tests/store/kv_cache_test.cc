@@ -143,6 +143,29 @@ TEST_P(KvCacheLayoutTest, InterleavedSequencesKeepTheirOwnTokens) {
   for (int s = 0; s < 3; ++s) ExpectContents(*cache, ids[s], histories[s]);
 }
 
+TEST(KvCacheTest, SequencesGrowingAtOnceKeepTheirBlocksAdjacent) {
+  // Two sequences appending a block's worth of tokens in turn: each still gets consecutive
+  // block ids (so one run per kv head in the head-major arenas), not every other id.
+  CacheParams params;
+  params.block_size = 4;
+  params.capacity = 64;
+  params.max_sequences = 2;
+  auto cache = MakeCache(params);
+  std::mt19937 rng(3);
+  const SeqId a = *cache->AddSequence(), b = *cache->AddSequence();
+  History history;
+  for (int round = 0; round < 8; ++round) {
+    for (const SeqId id : {a, b}) Append(*cache, id, 4, rng, &history);
+  }
+  for (const SeqId id : {a, b}) {
+    const KvLayerView view = cache->View(id, 0);
+    ASSERT_EQ(view.block_table.size(), 8u);
+    for (size_t i = 1; i < view.block_table.size(); ++i) {
+      EXPECT_EQ(view.block_table[i], view.block_table[i - 1] + 1) << "sequence " << id;
+    }
+  }
+}
+
 TEST_P(KvCacheLayoutTest, RemoveReturnsEveryBlock) {
   CacheParams params = Params();
   params.max_sequences = 3;
