@@ -272,7 +272,8 @@ absl::StatusOr<SeqId> KvCache::ForkSequence(SeqId seq_id) {
     child.block_table.assign(parent.block_table.begin(), parent.block_table.begin() + num_full);
     for (size_t idx = 0; idx < num_full; ++idx) impl_->pool.Ref(child.block_table[idx]);
     for (size_t idx = num_full; idx < parent.block_table.size(); ++idx) {
-      absl::StatusOr<BlockId> copy = impl_->pool.Allocate();
+      absl::StatusOr<BlockId> copy =
+          impl_->pool.AllocateAfter(child.block_table.empty() ? -1 : child.block_table.back());
       KVS_CHECK(copy.ok());  // counted above
       impl_->CopyBlock(parent.block_table[idx], *copy);
       child.block_table.push_back(*copy);

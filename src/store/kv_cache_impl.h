@@ -220,7 +220,7 @@ struct KvCache::Impl {
     for (size_t idx = begin; idx < end; ++idx) {
       const BlockId shared = seq.block_table[idx];
       if (pool.ref_count(shared) == 1) continue;
-      absl::StatusOr<BlockId> copy = pool.Allocate();
+      absl::StatusOr<BlockId> copy = pool.AllocateAfter(idx > 0 ? seq.block_table[idx - 1] : -1);
       KVS_CHECK(copy.ok());
       CopyBlock(shared, *copy);
       pool.Unref(shared);

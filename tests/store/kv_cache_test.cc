@@ -166,6 +166,31 @@ TEST(KvCacheTest, SequencesGrowingAtOnceKeepTheirBlocksAdjacent) {
   }
 }
 
+TEST(KvCacheTest, ForkedSequencesGrowingAtOnceKeepTheirBlocksAdjacent) {
+  // The child's copy of the partial block goes where its own next blocks can follow, not into
+  // the id the parent grows into.
+  CacheParams params;
+  params.block_size = 4;
+  params.capacity = 64;
+  params.max_sequences = 2;
+  auto cache = MakeCache(params);
+  std::mt19937 rng(5);
+  History history;
+  const SeqId parent = *cache->AddSequence();
+  Append(*cache, parent, 10, rng, &history);  // two full blocks and a partial one
+  const SeqId child = *cache->ForkSequence(parent);
+  for (int round = 0; round < 4; ++round) {
+    for (const SeqId id : {parent, child}) Append(*cache, id, 4, rng, &history);
+  }
+  for (const SeqId id : {parent, child}) {
+    const KvLayerView view = cache->View(id, 0);
+    ASSERT_EQ(view.block_table.size(), 7u);
+    for (size_t i = 3; i < view.block_table.size(); ++i) {  // past the shared two and the copy
+      EXPECT_EQ(view.block_table[i], view.block_table[i - 1] + 1) << "sequence " << id;
+    }
+  }
+}
+
 TEST_P(KvCacheLayoutTest, RemoveReturnsEveryBlock) {
   CacheParams params = Params();
   params.max_sequences = 3;
