@@ -143,37 +143,42 @@ TEST_P(KvCacheLayoutTest, InterleavedSequencesKeepTheirOwnTokens) {
   for (int s = 0; s < 3; ++s) ExpectContents(*cache, ids[s], histories[s]);
 }
 
-TEST(KvCacheTest, SequencesGrowingAtOnceKeepTheirBlocksAdjacent) {
-  // Two sequences appending a block's worth of tokens in turn: each still gets consecutive
-  // block ids (so one run per kv head in the head-major arenas), not every other id.
+// A paged cache of two sequences of up to 64 tokens in blocks of 4: 32 blocks, two extents of
+// BlockPool::kExtentBlocks.
+std::unique_ptr<KvCache> TwoSequenceCache() {
   CacheParams params;
   params.block_size = 4;
   params.capacity = 64;
   params.max_sequences = 2;
-  auto cache = MakeCache(params);
+  return MakeCache(params);
+}
+
+// Sequence `id` has `num_blocks` blocks, consecutive ids from its block `first` on.
+void ExpectAdjacentFrom(const KvCache& cache, SeqId id, size_t num_blocks, size_t first) {
+  const KvLayerView view = cache.View(id, 0);
+  ASSERT_EQ(view.block_table.size(), num_blocks);
+  for (size_t i = first + 1; i < num_blocks; ++i) {
+    EXPECT_EQ(view.block_table[i], view.block_table[i - 1] + 1) << "sequence " << id;
+  }
+}
+
+TEST(KvCacheTest, SequencesGrowingAtOnceKeepTheirBlocksAdjacent) {
+  // Two sequences appending a block's worth of tokens in turn: each still gets consecutive
+  // block ids (so one run per kv head in the head-major arenas), not every other id.
+  auto cache = TwoSequenceCache();
   std::mt19937 rng(3);
   const SeqId a = *cache->AddSequence(), b = *cache->AddSequence();
   History history;
   for (int round = 0; round < 8; ++round) {
     for (const SeqId id : {a, b}) Append(*cache, id, 4, rng, &history);
   }
-  for (const SeqId id : {a, b}) {
-    const KvLayerView view = cache->View(id, 0);
-    ASSERT_EQ(view.block_table.size(), 8u);
-    for (size_t i = 1; i < view.block_table.size(); ++i) {
-      EXPECT_EQ(view.block_table[i], view.block_table[i - 1] + 1) << "sequence " << id;
-    }
-  }
+  for (const SeqId id : {a, b}) ExpectAdjacentFrom(*cache, id, 8, 0);
 }
 
 TEST(KvCacheTest, ForkedSequencesGrowingAtOnceKeepTheirBlocksAdjacent) {
   // The child's copy of the partial block goes where its own next blocks can follow, not into
   // the id the parent grows into.
-  CacheParams params;
-  params.block_size = 4;
-  params.capacity = 64;
-  params.max_sequences = 2;
-  auto cache = MakeCache(params);
+  auto cache = TwoSequenceCache();
   std::mt19937 rng(5);
   History history;
   const SeqId parent = *cache->AddSequence();
@@ -182,13 +187,8 @@ TEST(KvCacheTest, ForkedSequencesGrowingAtOnceKeepTheirBlocksAdjacent) {
   for (int round = 0; round < 4; ++round) {
     for (const SeqId id : {parent, child}) Append(*cache, id, 4, rng, &history);
   }
-  for (const SeqId id : {parent, child}) {
-    const KvLayerView view = cache->View(id, 0);
-    ASSERT_EQ(view.block_table.size(), 7u);
-    for (size_t i = 3; i < view.block_table.size(); ++i) {  // past the shared two and the copy
-      EXPECT_EQ(view.block_table[i], view.block_table[i - 1] + 1) << "sequence " << id;
-    }
-  }
+  // Past the two shared blocks: the parent's third and the child's copy of it start runs.
+  for (const SeqId id : {parent, child}) ExpectAdjacentFrom(*cache, id, 7, 2);
 }
 
 TEST_P(KvCacheLayoutTest, RemoveReturnsEveryBlock) {
