@@ -40,13 +40,13 @@ class BlockPool {
   int32_t ref_count(BlockId id) const;
 
  private:
-  // Doubly linked free list threaded through two arrays so that any block can be taken off it
-  // in O(1) (prefix reuse will revive freed blocks that still hold valid data).
   absl::Status Exhausted() const;
   // Takes `id` (free) off the free list, in O(1).
   void Take(BlockId id);
   int32_t ExtentSize(int32_t extent) const;  // the last extent may be short
 
+  // Doubly linked free list threaded through two arrays so that any block can be taken off it
+  // in O(1) (prefix reuse will revive freed blocks that still hold valid data).
   std::vector<int32_t> ref_counts_;
   std::vector<BlockId> next_free_;
   std::vector<BlockId> prev_free_;

@@ -309,8 +309,6 @@ constexpr int kScoreHeadStep = 4;
 constexpr int kScoreHeadStep = 2;
 #endif
 
-// Runs fn(j, num_q) over the query heads of a group in steps of kMaxStep (4 or 2), 2 and 1,
-// so that each key or value element is converted once per step of heads.
 // Walks the units [0, num_units) (vectors or chunks of a row) in slices of kMax units (a power
 // of two: as many as the accumulators in registers allow), then the rest in at most one slice
 // each of 4, 2 and 1, so that a row is passed over as few times as the registers allow:
@@ -338,6 +336,8 @@ inline void ForEachSlice(size_t num_units, const Slice& slice) {
   }
 }
 
+// Runs fn(j, num_q) over the query heads of a group in steps of kMaxStep (4 or 2), 2 and 1,
+// so that each key or value element is converted once per step of heads.
 template <int kMaxStep, class Fn>
 HWY_INLINE void ForEachHeadStep(int group, Fn&& fn) {
   int j = 0;
