@@ -223,11 +223,11 @@ void BM_Prefill(benchmark::State& state, int num_kv_heads, int num_heads, int he
 }
 
 // Shape B's codecs: the floats and every codec with a fast path.
-const char* const kCodecsB[] = {"bf16", "f16", "int8", "int4", "kivi4", "kivi2"};
+const char* const kCodecsB[] = {"bf16", "f16", "fp8_e4m3", "int8", "int4", "kivi4", "kivi2"};
 constexpr int kThreadsB = 2;
 
 void RegisterAll(bool long_contexts) {
-  for (const char* codec : {"f16", "bf16", "f32", "fp8_e4m3"}) {
+  for (const char* codec : {"f16", "bf16", "f32", "fp8_e4m3", "fp8_e5m2"}) {
     auto* a = benchmark::RegisterBenchmark((std::string("DecodeA/") + codec).c_str(), BM_Decode, 8,
                                            8, 64, std::string(codec), Record::kNone);
     for (int tokens : {1024, 4096, 16384}) {

@@ -1,6 +1,7 @@
-// Per-target decode readers for BF16 keys and values with AVX512_BF16 (included by
+// Per-target decode readers for BF16 and FP8 keys and values with AVX512_BF16 (included by
 // attention_decode.cc inside its foreach_target pass; compiled only for the AVX3 target, used only
-// where the CPU reports avx512bf16; every other machine reads BF16 with the float readers).
+// where the CPU reports avx512bf16 and avx512vbmi, as every CPU with the first but Cooper Lake
+// does; every other machine reads them with the float readers).
 //
 // Why: the float readers widen every BF16 element to F32 and spend one FMA per query head on it.
 // On Zen 4, which runs one 512-bit FMA per cycle, that arithmetic is about what DRAM delivers, so
@@ -19,10 +20,22 @@
 // dword, and one vdpbf16ps per head adds p_t v_t[e] + p_t+1 v_t+1[e] with the weight pair (p_t,
 // p_t+1) broadcast. The unpacks keep elements in place only within 128-bit lanes, so the state
 // is held in that order for the task and put back once at its end (Bf16OrderToElements).
+//
+// FP8 rows ([f16 scale][codes], E4M3 or E5M2) go through the same dot products: every E4M3 and
+// E5M2 value is exact in BF16, so a code becomes its BF16 by two byte-table lookups (vpermt2b
+// reads 7 index bits, the magnitude: one lookup for the high bytes, one for the low) and an OR
+// of the sign, about 4 operations per 32 codes where the float reader's conversion to F32 and
+// FMAs took about 16 (Fp8WordsToBf16). The row's scale multiplies the key's score, or the
+// value's softmax weight before that is rounded to BF16. Nothing is rounded beyond what BF16
+// rows round: the query and the weights.
 
+#include <array>
+#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
+#include "represent/fp8.h"
 #include "run/attention_kernels.h"
 
 #if defined(KVSTACK_RUN_ATTENTION_BF16_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -49,30 +62,39 @@ constexpr size_t kBf16Chunk = 32;
 // Largest head_dim the BF16 readers take (Bf16OrderToElements' row is a fixed array).
 constexpr size_t kBf16MaxHeadDim = 512;
 
-// Which sides of a decode task the BF16 readers take.
+// Which sides of a decode task the BF16 readers take, and the rows' format there (kBF16,
+// kFp8E4M3 or kFp8E5M2).
 struct Bf16Plan {
   bool keys = false;
   bool values = false;
+  Reader key_reader = Reader::kBF16;
+  Reader value_reader = Reader::kBF16;
 };
+
+constexpr bool IsFp8Reader(Reader r) { return r == Reader::kFp8E4M3 || r == Reader::kFp8E5M2; }
 
 #if HWY_TARGET == HWY_AVX3
 
-// The AVX3 target's features plus AVX512_BF16, spelled out whole (see KVS_VNNI_ATTR: clang lets
-// a function's target attribute replace the HWY_BEFORE_NAMESPACE pragma's list).
-#define KVS_BF16_ATTR __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
+// The AVX3 target's features plus AVX512_BF16 and VBMI (the byte permutes of FP8 rows,
+// Fp8WordsToBf16), spelled out whole (see KVS_VNNI_ATTR: clang lets a function's target attribute
+// replace the HWY_BEFORE_NAMESPACE pragma's list).
+#define KVS_BF16_ATTR __attribute__((target(HWY_TARGET_STR ",avx512bf16,avx512vbmi")))
 
 bool CpuHasBf16Dot() {
-  static const bool has = __builtin_cpu_supports("avx512bf16");
+  static const bool has =
+      __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi");
   return has && !DotProductReadersDisabledForTest();
 }
 
 bool Bf16Applies(const SideSpec& side, size_t head_dim, size_t lanes) {
-  return lanes == 16 && side.fill == FillKind::kDirect && side.reader == Reader::kBF16 &&
-         head_dim % kBf16Chunk == 0 && head_dim <= kBf16MaxHeadDim && CpuHasBf16Dot();
+  const bool format = side.reader == Reader::kBF16 || IsFp8Reader(side.reader);
+  return lanes == 16 && side.fill == FillKind::kDirect && format && head_dim % kBf16Chunk == 0 &&
+         head_dim <= kBf16MaxHeadDim && CpuHasBf16Dot();
 }
 
 Bf16Plan PlanBf16(const SideSpec& k_side, const SideSpec& v_side, size_t head_dim, size_t lanes) {
-  return {Bf16Applies(k_side, head_dim, lanes), Bf16Applies(v_side, head_dim, lanes)};
+  return {Bf16Applies(k_side, head_dim, lanes), Bf16Applies(v_side, head_dim, lanes), k_side.reader,
+          v_side.reader};
 }
 
 // The `group` query heads q: [group, head_dim] (scaled, rotated) as BF16, element order, into
@@ -90,11 +112,98 @@ KVS_BF16_ATTR HWY_INLINE __m512bh AsBf16(__m512i bits) { return (__m512bh)bits; 
 
 KVS_BF16_ATTR HWY_INLINE __m512bh LoadBf16(const void* p) { return AsBf16(_mm512_loadu_si512(p)); }
 
-// Scores of keys key0 .. key0 + 3 against kNumQ query heads q: [kNumQ, head_dim] BF16, written
-// to s[j * s_stride + key0 + key].
-template <int kNumQ>
+// The BF16 bytes of every FP8 magnitude (codes 0..127), from the codec's own scalar decode: exact,
+// since E4M3 and E5M2 carry at most 3 mantissa bits and exponents well inside BF16's; NaN codes
+// become BF16's quiet NaN, E5M2's infinity BF16's.
+struct Fp8Bf16Bytes {
+  alignas(64) uint8_t low[128];
+  alignas(64) uint8_t high[128];
+};
+
+template <Reader kR>
+const Fp8Bf16Bytes& Fp8Bf16BytesOf() {
+  static const Fp8Bf16Bytes kBytes = [] {
+    Fp8Bf16Bytes t{};
+    for (int m = 0; m < 128; ++m) {
+      const auto code = static_cast<uint8_t>(m);
+      const float x = kR == Reader::kFp8E4M3 ? Fp8E4M3ToF32(code) : Fp8E5M2ToF32(code);
+      const auto bits =
+          static_cast<uint16_t>(std::isnan(x) ? 0x7FC0 : std::bit_cast<uint32_t>(x) >> 16);
+      t.low[m] = static_cast<uint8_t>(bits & 0xFF);
+      t.high[m] = static_cast<uint8_t>(bits >> 8);
+    }
+    return t;
+  }();
+  return kBytes;
+}
+
+// What Fp8WordsToBf16 and its callers keep in registers for one tile.
+struct Fp8Lookup {
+  __m512i low0, low1, high0, high1;  // the two 64-byte halves of each Fp8Bf16Bytes table
+  __m512i twice;                     // vpermb index: code i of 32 into both bytes of word i
+  __m512i pair[2];  // vpermt2b indexes of a key pair's codes into unpacklo/hi_epi16 order
+};
+
+template <Reader kR>
+KVS_BF16_ATTR Fp8Lookup MakeFp8Lookup() {
+  alignas(64) static constexpr auto kIndex = [] {
+    std::array<std::array<uint8_t, 64>, 3> index{};
+    for (int i = 0; i < 64; ++i) index[0][i] = static_cast<uint8_t>(i / 2);
+    // Dword i of 128-bit lane L: element 8 L + i (low half) or 8 L + 4 + i (high half) of the
+    // first row (bytes 0, 1) and of the second (bytes 2, 3), as the 16-bit unpacks of two BF16
+    // chunks place them.
+    for (int h = 0; h < 2; ++h) {
+      for (int dword = 0; dword < 16; ++dword) {
+        const int e = 8 * (dword / 4) + 4 * h + dword % 4;
+        for (int b = 0; b < 4; ++b) {
+          index[1 + h][4 * dword + b] = static_cast<uint8_t>(b < 2 ? e : 64 + e);
+        }
+      }
+    }
+    return index;
+  }();
+  const Fp8Bf16Bytes& bytes = Fp8Bf16BytesOf<kR>();
+  const auto load = [](const void* p) { return _mm512_load_si512(p); };
+  return {load(bytes.low),        load(bytes.low + 64),
+          load(bytes.high),       load(bytes.high + 64),
+          load(kIndex[0].data()), {load(kIndex[1].data()), load(kIndex[2].data())}};
+}
+
+// d holds an FP8 code in both bytes of each word: the BF16 of each (see the file comment).
+KVS_BF16_ATTR HWY_INLINE __m512i Fp8WordsToBf16(__m512i d, const Fp8Lookup& t) {
+  // High bytes from the high table (the low bytes keep the code), then the low bytes from the
+  // low table, then the code's sign into bit 15: x | (d & 0x8000).
+  const __m512i high = _mm512_mask2_permutex2var_epi8(t.high0, d, 0xAAAAAAAAAAAAAAAAull, t.high1);
+  const __m512i x = _mm512_mask2_permutex2var_epi8(t.low0, high, 0x5555555555555555ull, t.low1);
+  return _mm512_ternarylogic_epi32(x, d, _mm512_set1_epi16(static_cast<int16_t>(0x8000)), 0xF8);
+}
+
+// Elements [e, e + 32) of a row of reader kR as BF16, in element order.
+template <Reader kR>
+KVS_BF16_ATTR HWY_INLINE __m512bh LoadChunk(const std::byte* row, size_t e, const Fp8Lookup& t) {
+  if constexpr (kR == Reader::kBF16) {
+    return LoadBf16(row + e * sizeof(uint16_t));
+  } else {
+    const __m256i codes =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + sizeof(uint16_t) + e));
+    return AsBf16(
+        Fp8WordsToBf16(_mm512_permutexvar_epi8(t.twice, _mm512_castsi256_si512(codes)), t));
+  }
+}
+
+// The f16 scales of rows[0, 4) (FP8 rows), as floats.
+KVS_BF16_ATTR HWY_INLINE __m128 LoadRowScales4(const std::byte* const* rows) {
+  alignas(16) uint16_t bits[8] = {};
+  for (int i = 0; i < 4; ++i) std::memcpy(&bits[i], rows[i], sizeof(uint16_t));
+  return _mm_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(bits)));
+}
+
+// Scores of keys key0 .. key0 + 3 (rows of reader kR) against kNumQ query heads q: [kNumQ,
+// head_dim] BF16, written to s[j * s_stride + key0 + key].
+template <Reader kR, int kNumQ>
 KVS_BF16_ATTR HWY_INLINE void Bf16ScoreFourRows(const RowSet& keys, size_t key0, const uint16_t* q,
-                                                size_t head_dim, float* s, size_t s_stride) {
+                                                size_t head_dim, const Fp8Lookup& lookup, float* s,
+                                                size_t s_stride) {
   const DF df;
   __m512 acc[kNumQ][4];
   for (int j = 0; j < kNumQ; ++j) {
@@ -102,9 +211,7 @@ KVS_BF16_ATTR HWY_INLINE void Bf16ScoreFourRows(const RowSet& keys, size_t key0,
   }
   for (size_t e = 0; e < head_dim; e += kBf16Chunk) {
     __m512bh k[4];
-    for (int key = 0; key < 4; ++key) {
-      k[key] = LoadBf16(keys.rows[key0 + key] + e * sizeof(uint16_t));
-    }
+    for (int key = 0; key < 4; ++key) k[key] = LoadChunk<kR>(keys.rows[key0 + key], e, lookup);
     for (int j = 0; j < kNumQ; ++j) {
       const __m512bh qv = LoadBf16(q + j * head_dim + e);
       for (int key = 0; key < 4; ++key) acc[j][key] = _mm512_dpbf16_ps(acc[j][key], k[key], qv);
@@ -114,36 +221,65 @@ KVS_BF16_ATTR HWY_INLINE void Bf16ScoreFourRows(const RowSet& keys, size_t key0,
     SumOfLanes4(df, hn::Vec<DF>{acc[j][0]}, hn::Vec<DF>{acc[j][1]}, hn::Vec<DF>{acc[j][2]},
                 hn::Vec<DF>{acc[j][3]}, s + j * s_stride + key0);
   }
+  if constexpr (IsFp8Reader(kR)) {
+    const __m128 scales = LoadRowScales4(keys.rows + key0);
+    for (int j = 0; j < kNumQ; ++j) {
+      float* sj = s + j * s_stride + key0;
+      _mm_storeu_ps(sj, _mm_mul_ps(_mm_loadu_ps(sj), scales));
+    }
+  }
 }
 
-// Scores of a tile's keys (rows padded to a multiple of 4) for the `group` query heads:
-//   q: [group, head_dim] BF16 (Bf16PrepareQueries); s: [group, s_stride]
-KVS_BF16_ATTR void Bf16ScoreTile(const RowSet& keys, const RowSet& values, size_t num_keys,
-                                 const uint16_t* q, int group, size_t head_dim, float* s,
-                                 size_t s_stride) {
+template <Reader kR>
+KVS_BF16_ATTR void Bf16ScoreTileOf(const RowSet& keys, const RowSet& values, size_t num_keys,
+                                   const uint16_t* q, int group, size_t head_dim, float* s,
+                                   size_t s_stride) {
+  const Fp8Lookup lookup = IsFp8Reader(kR) ? MakeFp8Lookup<kR>() : Fp8Lookup{};
   for (size_t key = 0; key < num_keys; key += 4) {
     PrefetchAhead(keys, key, num_keys);
     PrefetchAhead(values, key, num_keys);
     // Heads by 4, 2, 1 (ForEachHeadStep's steps; a lambda would not carry KVS_BF16_ATTR).
     int j = 0;
     for (; j + 4 <= group; j += 4) {
-      Bf16ScoreFourRows<4>(keys, key, q + j * head_dim, head_dim, s + j * s_stride, s_stride);
+      Bf16ScoreFourRows<kR, 4>(keys, key, q + j * head_dim, head_dim, lookup, s + j * s_stride,
+                               s_stride);
     }
     for (; j + 2 <= group; j += 2) {
-      Bf16ScoreFourRows<2>(keys, key, q + j * head_dim, head_dim, s + j * s_stride, s_stride);
+      Bf16ScoreFourRows<kR, 2>(keys, key, q + j * head_dim, head_dim, lookup, s + j * s_stride,
+                               s_stride);
     }
     for (; j < group; ++j) {
-      Bf16ScoreFourRows<1>(keys, key, q + j * head_dim, head_dim, s + j * s_stride, s_stride);
+      Bf16ScoreFourRows<kR, 1>(keys, key, q + j * head_dim, head_dim, lookup, s + j * s_stride,
+                               s_stride);
     }
   }
 }
 
-// state_j[e0, e0 + 32 kChunks) += the tile's weighted values, in the order of the file comment,
-// for kNumQ query heads with weight pairs w: [kNumQ][w_stride] (BF16 (p_2i, p_2i+1) per dword).
-template <int kNumQ, int kChunks>
+// Scores of a tile's keys (rows padded to a multiple of 4) for the `group` query heads:
+//   q: [group, head_dim] BF16 (Bf16PrepareQueries); s: [group, s_stride]
+void Bf16ScoreTile(const Bf16Plan& plan, const RowSet& keys, const RowSet& values, size_t num_keys,
+                   const uint16_t* q, int group, size_t head_dim, float* s, size_t s_stride) {
+  switch (plan.key_reader) {
+    case Reader::kFp8E4M3:
+      return Bf16ScoreTileOf<Reader::kFp8E4M3>(keys, values, num_keys, q, group, head_dim, s,
+                                               s_stride);
+    case Reader::kFp8E5M2:
+      return Bf16ScoreTileOf<Reader::kFp8E5M2>(keys, values, num_keys, q, group, head_dim, s,
+                                               s_stride);
+    default:
+      return Bf16ScoreTileOf<Reader::kBF16>(keys, values, num_keys, q, group, head_dim, s,
+                                            s_stride);
+  }
+}
+
+// state_j[e0, e0 + 32 kChunks) += the tile's weighted values (rows of reader kR), in the order of
+// the file comment, for kNumQ query heads with weight pairs w: [kNumQ][w_stride] (BF16 (p_2i,
+// p_2i+1) per dword; for FP8 rows each weight includes its row's scale).
+template <Reader kR, int kNumQ, int kChunks>
 KVS_BF16_ATTR HWY_INLINE void Bf16AccumulateSlice(const RowSet& values, size_t num_pairs,
                                                   const uint32_t* w, size_t w_stride, size_t e0,
-                                                  float* state, size_t state_stride) {
+                                                  const Fp8Lookup& lookup, float* state,
+                                                  size_t state_stride) {
   __m512 acc[kNumQ][kChunks][2];
   for (int j = 0; j < kNumQ; ++j) {
     for (int c = 0; c < kChunks; ++c) {
@@ -152,7 +288,8 @@ KVS_BF16_ATTR HWY_INLINE void Bf16AccumulateSlice(const RowSet& values, size_t n
       }
     }
   }
-  const size_t offset = e0 * sizeof(uint16_t);
+  constexpr size_t kElementBytes = kR == Reader::kBF16 ? sizeof(uint16_t) : 1;
+  const size_t offset = (kR == Reader::kBF16 ? 0 : sizeof(uint16_t)) + e0 * kElementBytes;
   for (size_t pair = 0; pair < num_pairs; ++pair) {
     const std::byte* first = values.rows[2 * pair] + offset;
     const std::byte* second = values.rows[2 * pair + 1] + offset;
@@ -162,9 +299,21 @@ KVS_BF16_ATTR HWY_INLINE void Bf16AccumulateSlice(const RowSet& values, size_t n
       wv[j] = AsBf16(bits);
     }
     for (int c = 0; c < kChunks; ++c) {
-      const __m512i a = _mm512_loadu_si512(first + c * kBf16Chunk * sizeof(uint16_t));
-      const __m512i b = _mm512_loadu_si512(second + c * kBf16Chunk * sizeof(uint16_t));
-      const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
+      __m512i lo, hi;  // (v_t[e], v_t+1[e]) per dword, in the 16-bit unpacks' order
+      if constexpr (kR == Reader::kBF16) {
+        const __m512i a = _mm512_loadu_si512(first + c * kBf16Chunk * kElementBytes);
+        const __m512i b = _mm512_loadu_si512(second + c * kBf16Chunk * kElementBytes);
+        lo = _mm512_unpacklo_epi16(a, b);
+        hi = _mm512_unpackhi_epi16(a, b);
+      } else {
+        const auto load = [&](const std::byte* row) {
+          return _mm512_castsi256_si512(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c * kBf16Chunk)));
+        };
+        const __m512i a = load(first), b = load(second);
+        lo = Fp8WordsToBf16(_mm512_permutex2var_epi8(a, lookup.pair[0], b), lookup);
+        hi = Fp8WordsToBf16(_mm512_permutex2var_epi8(a, lookup.pair[1], b), lookup);
+      }
       for (int j = 0; j < kNumQ; ++j) {
         acc[j][c][0] = _mm512_dpbf16_ps(acc[j][c][0], AsBf16(lo), wv[j]);
         acc[j][c][1] = _mm512_dpbf16_ps(acc[j][c][1], AsBf16(hi), wv[j]);
@@ -181,17 +330,18 @@ KVS_BF16_ATTR HWY_INLINE void Bf16AccumulateSlice(const RowSet& values, size_t n
 }
 
 // Bf16AccumulateSlice for ForEachSlice: chunk `first` on, kChunks chunks.
-template <int kNumQ>
+template <Reader kR, int kNumQ>
 struct Bf16Slices {
   template <int kChunks>
   KVS_BF16_ATTR void operator()(size_t first) const {
-    Bf16AccumulateSlice<kNumQ, kChunks>(values, num_pairs, w, w_stride, first * kBf16Chunk, state,
-                                        state_stride);
+    Bf16AccumulateSlice<kR, kNumQ, kChunks>(values, num_pairs, w, w_stride, first * kBf16Chunk,
+                                            lookup, state, state_stride);
   }
   const RowSet& values;
   size_t num_pairs;
   const uint32_t* w;
   size_t w_stride;
+  const Fp8Lookup& lookup;
   float* state;
   size_t state_stride;
 };
@@ -199,44 +349,73 @@ struct Bf16Slices {
 // The same over all of head_dim: slices of as many chunks as keep 16 accumulators in registers,
 // then the rest by ForEachSlice, so that each value row is passed over as few times as the
 // registers allow.
-template <int kNumQ>
+template <Reader kR, int kNumQ>
 KVS_BF16_ATTR HWY_INLINE void Bf16AccumulateRows(const RowSet& values, size_t num_pairs,
                                                  const uint32_t* w, size_t w_stride,
-                                                 size_t head_dim, float* state,
-                                                 size_t state_stride) {
-  ForEachSlice<8 / kNumQ>(head_dim / kBf16Chunk,
-                          Bf16Slices<kNumQ>{values, num_pairs, w, w_stride, state, state_stride});
+                                                 size_t head_dim, const Fp8Lookup& lookup,
+                                                 float* state, size_t state_stride) {
+  ForEachSlice<8 / kNumQ>(
+      head_dim / kBf16Chunk,
+      Bf16Slices<kR, kNumQ>{values, num_pairs, w, w_stride, lookup, state, state_stride});
+}
+
+// The f16 scales of rows[0, 16) (FP8 rows), as floats.
+KVS_BF16_ATTR HWY_INLINE __m512 LoadRowScales16(const std::byte* const* rows) {
+  alignas(32) uint16_t bits[16];
+  for (int i = 0; i < 16; ++i) std::memcpy(&bits[i], rows[i], sizeof(uint16_t));
+  return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(bits)));
+}
+
+template <Reader kR>
+KVS_BF16_ATTR void Bf16AccumulateTileOf(const RowSet& values, size_t num_keys, const float* p,
+                                        size_t p_stride, int group, size_t head_dim, float* state,
+                                        size_t state_stride) {
+  const size_t num_keys16 = (num_keys + 15) / 16 * 16;
+  const size_t w_stride = num_keys16 / 2;
+  // Scratch holds floats; each one holds a weight pair here.
+  uint32_t* w = reinterpret_cast<uint32_t*>(Scratch(kSlotBf16Weights, group * w_stride));
+  for (size_t key = 0; key < num_keys16; key += 16) {
+    const __m512 scale =
+        IsFp8Reader(kR) ? LoadRowScales16(values.rows + key) : _mm512_set1_ps(1.0f);
+    for (int j = 0; j < group; ++j) {
+      const __m512 pj = _mm512_loadu_ps(p + j * p_stride + key);
+      const __m256bh bf = _mm512_cvtneps_pbh(IsFp8Reader(kR) ? _mm512_mul_ps(pj, scale) : pj);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(w + j * w_stride + key / 2), (__m256i)bf);
+    }
+  }
+  const Fp8Lookup lookup = IsFp8Reader(kR) ? MakeFp8Lookup<kR>() : Fp8Lookup{};
+  const size_t num_pairs = (num_keys + 1) / 2;
+  int j = 0;  // heads by 4, 2, 1 (as Bf16ScoreTileOf)
+  for (; j + 4 <= group; j += 4) {
+    Bf16AccumulateRows<kR, 4>(values, num_pairs, w + j * w_stride, w_stride, head_dim, lookup,
+                              state + j * state_stride, state_stride);
+  }
+  for (; j + 2 <= group; j += 2) {
+    Bf16AccumulateRows<kR, 2>(values, num_pairs, w + j * w_stride, w_stride, head_dim, lookup,
+                              state + j * state_stride, state_stride);
+  }
+  for (; j < group; ++j) {
+    Bf16AccumulateRows<kR, 1>(values, num_pairs, w + j * w_stride, w_stride, head_dim, lookup,
+                              state + j * state_stride, state_stride);
+  }
 }
 
 // Weighted sum of a tile's values (rows padded to a multiple of 16) into the running states of
 // the `group` query heads, in the order of the file comment:
 //   p: [group, p_stride] softmax weights, zero from num_keys to its multiple of 16
-KVS_BF16_ATTR void Bf16AccumulateTile(const RowSet& values, size_t num_keys, const float* p,
-                                      size_t p_stride, int group, size_t head_dim, float* state,
-                                      size_t state_stride) {
-  const size_t num_keys16 = (num_keys + 15) / 16 * 16;
-  const size_t w_stride = num_keys16 / 2;
-  // Scratch holds floats; each one holds a weight pair here.
-  uint32_t* w = reinterpret_cast<uint32_t*>(Scratch(kSlotBf16Weights, group * w_stride));
-  for (int j = 0; j < group; ++j) {
-    for (size_t key = 0; key < num_keys16; key += 16) {
-      const __m256bh bf = _mm512_cvtneps_pbh(_mm512_loadu_ps(p + j * p_stride + key));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(w + j * w_stride + key / 2), (__m256i)bf);
-    }
-  }
-  const size_t num_pairs = (num_keys + 1) / 2;
-  int j = 0;  // heads by 4, 2, 1 (as Bf16ScoreTile)
-  for (; j + 4 <= group; j += 4) {
-    Bf16AccumulateRows<4>(values, num_pairs, w + j * w_stride, w_stride, head_dim,
-                          state + j * state_stride, state_stride);
-  }
-  for (; j + 2 <= group; j += 2) {
-    Bf16AccumulateRows<2>(values, num_pairs, w + j * w_stride, w_stride, head_dim,
-                          state + j * state_stride, state_stride);
-  }
-  for (; j < group; ++j) {
-    Bf16AccumulateRows<1>(values, num_pairs, w + j * w_stride, w_stride, head_dim,
-                          state + j * state_stride, state_stride);
+void Bf16AccumulateTile(const Bf16Plan& plan, const RowSet& values, size_t num_keys, const float* p,
+                        size_t p_stride, int group, size_t head_dim, float* state,
+                        size_t state_stride) {
+  switch (plan.value_reader) {
+    case Reader::kFp8E4M3:
+      return Bf16AccumulateTileOf<Reader::kFp8E4M3>(values, num_keys, p, p_stride, group, head_dim,
+                                                    state, state_stride);
+    case Reader::kFp8E5M2:
+      return Bf16AccumulateTileOf<Reader::kFp8E5M2>(values, num_keys, p, p_stride, group, head_dim,
+                                                    state, state_stride);
+    default:
+      return Bf16AccumulateTileOf<Reader::kBF16>(values, num_keys, p, p_stride, group, head_dim,
+                                                 state, state_stride);
   }
 }
 
@@ -265,9 +444,10 @@ void Bf16OrderToElements(int group, size_t head_dim, float* state, size_t state_
 
 Bf16Plan PlanBf16(const SideSpec&, const SideSpec&, size_t, size_t) { return {}; }
 void Bf16PrepareQueries(const float*, int, size_t, uint16_t*) {}
-void Bf16ScoreTile(const RowSet&, const RowSet&, size_t, const uint16_t*, int, size_t, float*,
-                   size_t) {}
-void Bf16AccumulateTile(const RowSet&, size_t, const float*, size_t, int, size_t, float*, size_t) {}
+void Bf16ScoreTile(const Bf16Plan&, const RowSet&, const RowSet&, size_t, const uint16_t*, int,
+                   size_t, float*, size_t) {}
+void Bf16AccumulateTile(const Bf16Plan&, const RowSet&, size_t, const float*, size_t, int, size_t,
+                        float*, size_t) {}
 void Bf16OrderToElements(int, size_t, float*, size_t) {}
 
 #endif  // HWY_TARGET == HWY_AVX3

@@ -135,7 +135,7 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
   // (attention_amx-inl.h).
   const bool amx_keys = AmxKeysApply(vnni, group);
   const bool amx_values = AmxValuesApply(vnni_values, group);
-  // BF16 keys and values on CPUs with AVX512_BF16 (attention_bf16-inl.h).
+  // BF16 and FP8 keys and values on CPUs with AVX512_BF16 (attention_bf16-inl.h).
   const Bf16Plan bf16 = PlanBf16(k_side, v_side, head_dim, nd);
   thread_local std::vector<VnniQuery> vnni_queries;
   thread_local AmxQueries amx_queries;
@@ -169,7 +169,8 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
     } else if (vnni.ok) {
       VnniScoreTile(vnni, keys, values, num_keys, vnni_queries.data(), q, group, s, s_stride);
     } else if (bf16.keys) {
-      Bf16ScoreTile(keys, values, num_keys, bf16_queries.data(), group, head_dim, s, s_stride);
+      Bf16ScoreTile(bf16, keys, values, num_keys, bf16_queries.data(), group, head_dim, s,
+                    s_stride);
     } else {
       score(keys, values, num_keys, q, group, head_dim, s, s_stride);
     }
@@ -209,7 +210,7 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
     } else if (vnni_values.ok) {
       VnniAccumulateTile(vnni_values, values, num_keys, s, s_stride, group, state, state_stride);
     } else if (bf16.values) {
-      Bf16AccumulateTile(values, num_keys, s, s_stride, group, head_dim, state, state_stride);
+      Bf16AccumulateTile(bf16, values, num_keys, s, s_stride, group, head_dim, state, state_stride);
     } else {
       accumulate(values, num_keys, s, s_stride, group, head_dim, state, state_stride);
     }
