@@ -29,9 +29,11 @@
 #include <utility>
 #include <vector>
 
+#include "bench_cache.h"
 #include "bench_pool.h"
 #include "benchmark/benchmark.h"
 #include "kvstack/codec.h"
+#include "kvstack/kv_cache.h"
 #include "run/attention.h"
 #include "run/memory_bandwidth.h"
 
@@ -46,53 +48,22 @@ std::map<int, double>& Bandwidth() {
   return bandwidth;
 }
 
-// A paged view over random data encoded with one codec for keys and values, block_size 16
-// (or the codec's unit, when larger), blocks in order, arenas head-major as KvCache stores them
-// ([kv head][block][units]). Owns its bytes.
+// One sequence of random tokens in a one-layer paged KvCache (GrowBenchCache), blocks of
+// kBlockSize tokens (or the codec's unit, when larger), and its view.
 struct BenchCache {
-  std::unique_ptr<Codec> k_codec, v_codec;
-  std::vector<std::byte> k_arena, v_arena;
-  std::vector<int32_t> block_table;
+  std::unique_ptr<KvCache> cache;
   KvLayerView view;
 
   BenchCache(int num_tokens, int num_kv_heads, int head_dim, const std::string& codec) {
-    k_codec = CreateCodec(codec, head_dim, CodecRole::kKey).value();
-    v_codec = CreateCodec(codec, head_dim, CodecRole::kValue).value();
-    const int unit_len = std::max(k_codec->group_tokens(), v_codec->group_tokens());
-    const int block_size = std::max(kBlockSize, unit_len);
+    const int unit_len =
+        std::max(CreateCodec(codec, head_dim, CodecRole::kKey).value()->group_tokens(),
+                 CreateCodec(codec, head_dim, CodecRole::kValue).value()->group_tokens());
     num_tokens = num_tokens / unit_len * unit_len;  // whole units: no pending segment
-    const int num_blocks = (num_tokens + block_size - 1) / block_size;
-    block_table.resize(num_blocks);
-    for (int b = 0; b < num_blocks; ++b) block_table[b] = b;
-    std::mt19937 rng(1);
-    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-    auto fill = [&](const Codec& c, std::vector<std::byte>& arena, KvArenaView& arena_view) {
-      arena_view.codec = c.id();
-      arena_view.codec_impl = &c;
-      arena_view.group_tokens = c.group_tokens();
-      arena_view.unit_bytes = c.unit_bytes();
-      arena_view.block_stride = arena_view.unit_bytes * (block_size / c.group_tokens());
-      arena_view.head_stride = arena_view.block_stride * num_blocks;
-      arena.resize(arena_view.head_stride * num_kv_heads);
-      // Every unit of the arena holds encoded random data (the blocks are full).
-      std::vector<float> data(static_cast<size_t>(block_size) * head_dim);
-      for (int b = 0; b < num_blocks; ++b) {
-        for (int h = 0; h < num_kv_heads; ++h) {
-          for (float& x : data) x = dist(rng);
-          c.EncodeHead(h, data,
-                       {arena.data() + b * arena_view.block_stride + h * arena_view.head_stride,
-                        arena_view.block_stride});
-        }
-      }
-      arena_view.base = arena.data();
-    };
-    fill(*k_codec, k_arena, view.k);
-    fill(*v_codec, v_arena, view.v);
-    view.block_table = block_table;
-    view.block_size = block_size;
-    view.num_tokens = num_tokens;
-    view.num_kv_heads = num_kv_heads;
-    view.head_dim = head_dim;
+    std::vector<SeqId> ids;
+    // Appended 4096 tokens at a time: the random rows stay small.
+    cache = GrowBenchCache({num_kv_heads, head_dim, std::max(kBlockSize, unit_len)}, codec,
+                           num_tokens, 4096, 1, &ids);
+    view = cache->View(ids[0], 0);
   }
 };
 
@@ -292,7 +263,7 @@ void PrintDecodeTable() {
       "\nDecode, 8 kv heads x head_dim 128, 32 query heads, %d threads "
       "(bandwidth %.1f GB/s):\n",
       kThreadsB, Bandwidth()[kThreadsB] / 1e9);
-  std::printf("%8s %-7s %10s %8s %9s %8s %10s %9s\n", "tokens", "codec", "us/step", "GB/s",
+  std::printf("%8s %-8s %10s %8s %9s %8s %10s %9s\n", "tokens", "codec", "us/step", "GB/s",
               "fraction", "vs bf16", "limit GB/s", "of limit");
   std::map<int, double> bf16;
   for (const auto& [key, seconds] : DecodeTimes()) {
@@ -306,7 +277,7 @@ void PrintDecodeTable() {
       const BenchCache cache(tokens, 8, 128, codec);  // for its byte count only
       const double rate = static_cast<double>(DecodeBytesRead(cache.view)) / seconds;
       const double limit = DecodeReadLimits()[{codec, tokens}];
-      std::printf("%8d %-7s %10.1f %8.2f %9.2f %8.2f %10.2f %9.2f\n", tokens, codec, seconds * 1e6,
+      std::printf("%8d %-8s %10.1f %8.2f %9.2f %8.2f %10.2f %9.2f\n", tokens, codec, seconds * 1e6,
                   rate / 1e9, rate / Bandwidth()[kThreadsB],
                   bf16.count(tokens) ? bf16[tokens] / seconds : 0.0, limit / 1e9,
                   limit > 0.0 ? rate / limit : 0.0);
@@ -320,7 +291,7 @@ void PrintOneThreadTable() {
   if (OneThreadTimes().empty()) return;
   std::printf("\nDecode, shape B, one thread, CPU time (read bandwidth 1 thread %.1f GB/s):\n",
               Bandwidth()[1] / 1e9);
-  std::printf("%8s %-7s %14s %8s %9s %8s\n", "tokens", "codec", "ns/token/head", "GB/s", "fraction",
+  std::printf("%8s %-8s %14s %8s %9s %8s\n", "tokens", "codec", "ns/token/head", "GB/s", "fraction",
               "vs bf16");
   for (int tokens : {1024, 32768}) {
     const auto bf16 = OneThreadTimes().find({"bf16", tokens});
@@ -329,7 +300,7 @@ void PrintOneThreadTable() {
       if (it == OneThreadTimes().end()) continue;
       const BenchCache cache(tokens, 8, 128, codec);  // for its byte count only
       const double rate = static_cast<double>(DecodeBytesRead(cache.view)) / it->second;
-      std::printf("%8d %-7s %14.1f %8.2f %9.2f %8.2f\n", tokens, codec,
+      std::printf("%8d %-8s %14.1f %8.2f %9.2f %8.2f\n", tokens, codec,
                   1e9 * it->second / (8.0 * cache.view.num_tokens), rate / 1e9,
                   rate / Bandwidth()[1],
                   bf16 != OneThreadTimes().end() ? bf16->second / it->second : 0.0);

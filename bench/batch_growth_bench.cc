@@ -16,14 +16,13 @@
 #include <cstdio>
 #include <map>
 #include <memory>
-#include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "bench_cache.h"
 #include "bench_pool.h"
 #include "benchmark/benchmark.h"
-#include "kvstack/check.h"
 #include "kvstack/kv_cache.h"
 #include "run/attention.h"
 
@@ -42,46 +41,13 @@ std::map<std::pair<bool, int>, double>& BestTimes() {
   return times;
 }
 
-// A one-layer cache holding kNumSequences sequences of num_tokens random tokens, appended
-// `chunk` tokens per sequence in turn.
-std::unique_ptr<KvCache> GrowCache(const std::string& codec, int num_tokens, int chunk,
-                                   std::vector<SeqId>* ids) {
-  KvCacheOptions options;
-  options.num_layers = 1;
-  options.num_kv_heads = kNumKvHeads;
-  options.head_dim = kHeadDim;
-  options.config.layout = LayoutKind::kPaged;
-  options.config.capacity = num_tokens;
-  options.config.block_size = kBlockSize;
-  options.config.max_sequences = kNumSequences;
-  options.config.k_codec = options.config.v_codec = codec;
-  absl::StatusOr<std::unique_ptr<KvCache>> cache = KvCache::Create(options);
-  KVS_CHECK(cache.ok());
-  for (int s = 0; s < kNumSequences; ++s) ids->push_back(*(*cache)->AddSequence());
-  std::mt19937 rng(1);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  std::vector<float> k, v;
-  for (int begin = 0; begin < num_tokens; begin += chunk) {
-    const int n = std::min(chunk, num_tokens - begin);
-    k.resize(static_cast<size_t>(n) * kNumKvHeads * kHeadDim);
-    v.resize(k.size());
-    for (const SeqId id : *ids) {
-      const absl::StatusOr<AppendPlan> plan = (*cache)->PlanAppend(id, n);
-      KVS_CHECK(plan.ok() && plan->fits && (*cache)->CommitAppend(*plan).ok());
-      for (float& x : k) x = uniform(rng);
-      for (float& x : v) x = uniform(rng);
-      (*cache)->Write(id, 0, begin, k, v);
-    }
-  }
-  return std::move(*cache);
-}
-
 void BM_Grown(benchmark::State& state, bool lockstep, std::string codec) {
   const int num_tokens = static_cast<int>(state.range(0));
   const int num_threads = static_cast<int>(state.range(1));
   std::vector<SeqId> ids;
   const std::unique_ptr<KvCache> cache =
-      GrowCache(codec, num_tokens, lockstep ? kBlockSize : num_tokens, &ids);
+      GrowBenchCache({kNumKvHeads, kHeadDim, kBlockSize}, codec, num_tokens,
+                     lockstep ? kBlockSize : num_tokens, kNumSequences, &ids);
   const KvLayerView view = cache->View(ids[0], 0);
   std::vector<float> q(static_cast<size_t>(kNumHeads) * kHeadDim, 0.5f);
   std::vector<float> out(q.size());
