@@ -191,13 +191,6 @@ KVS_BF16_ATTR HWY_INLINE __m512bh LoadChunk(const std::byte* row, size_t e, cons
   }
 }
 
-// The f16 scales of rows[0, 4) (FP8 rows), as floats.
-KVS_BF16_ATTR HWY_INLINE __m128 LoadRowScales4(const std::byte* const* rows) {
-  alignas(16) uint16_t bits[8] = {};
-  for (int i = 0; i < 4; ++i) std::memcpy(&bits[i], rows[i], sizeof(uint16_t));
-  return _mm_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(bits)));
-}
-
 // Scores of keys key0 .. key0 + 3 (rows of reader kR) against kNumQ query heads q: [kNumQ,
 // head_dim] BF16, written to s[j * s_stride + key0 + key].
 template <Reader kR, int kNumQ>
@@ -222,7 +215,7 @@ KVS_BF16_ATTR HWY_INLINE void Bf16ScoreFourRows(const RowSet& keys, size_t key0,
                 hn::Vec<DF>{acc[j][3]}, s + j * s_stride + key0);
   }
   if constexpr (IsFp8Reader(kR)) {
-    const __m128 scales = LoadRowScales4(keys.rows + key0);
+    const __m128 scales = LoadRowScales(hn::FixedTag<float, 4>(), keys.rows + key0).raw;
     for (int j = 0; j < kNumQ; ++j) {
       float* sj = s + j * s_stride + key0;
       _mm_storeu_ps(sj, _mm_mul_ps(_mm_loadu_ps(sj), scales));
@@ -359,13 +352,6 @@ KVS_BF16_ATTR HWY_INLINE void Bf16AccumulateRows(const RowSet& values, size_t nu
       Bf16Slices<kR, kNumQ>{values, num_pairs, w, w_stride, lookup, state, state_stride});
 }
 
-// The f16 scales of rows[0, 16) (FP8 rows), as floats.
-KVS_BF16_ATTR HWY_INLINE __m512 LoadRowScales16(const std::byte* const* rows) {
-  alignas(32) uint16_t bits[16];
-  for (int i = 0; i < 16; ++i) std::memcpy(&bits[i], rows[i], sizeof(uint16_t));
-  return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(bits)));
-}
-
 template <Reader kR>
 KVS_BF16_ATTR void Bf16AccumulateTileOf(const RowSet& values, size_t num_keys, const float* p,
                                         size_t p_stride, int group, size_t head_dim, float* state,
@@ -376,7 +362,7 @@ KVS_BF16_ATTR void Bf16AccumulateTileOf(const RowSet& values, size_t num_keys, c
   uint32_t* w = reinterpret_cast<uint32_t*>(Scratch(kSlotBf16Weights, group * w_stride));
   for (size_t key = 0; key < num_keys16; key += 16) {
     const __m512 scale =
-        IsFp8Reader(kR) ? LoadRowScales16(values.rows + key) : _mm512_set1_ps(1.0f);
+        IsFp8Reader(kR) ? LoadRowScales(DF(), values.rows + key).raw : _mm512_set1_ps(1.0f);
     for (int j = 0; j < group; ++j) {
       const __m512 pj = _mm512_loadu_ps(p + j * p_stride + key);
       const __m256bh bf = _mm512_cvtneps_pbh(IsFp8Reader(kR) ? _mm512_mul_ps(pj, scale) : pj);

@@ -43,6 +43,16 @@ float LoadF16Scalar(const std::byte* p) {
   return F16ToF32(bits);
 }
 
+// The f16 scales at the start of rows[0, Lanes(d)) (row-scaled readers, IsRowScaled), as floats,
+// one lane each. d: a tag of a fixed number of lanes.
+template <class D>
+HWY_INLINE hn::Vec<D> LoadRowScales(D d, const std::byte* const* rows) {
+  HWY_ALIGN uint16_t bits[hn::MaxLanes(D())];
+  for (size_t i = 0; i < hn::Lanes(d); ++i) std::memcpy(&bits[i], rows[i], sizeof(uint16_t));
+  const hn::Rebind<hwy::float16_t, D> d16;
+  return hn::PromoteTo(d, hn::Load(d16, reinterpret_cast<const hwy::float16_t*>(bits)));
+}
+
 // The factor of a row-scaled reader's row (IsRowScaled): its f16 scale, times what LoadRow
 // leaves out of the values.
 template <Reader kR>

@@ -506,9 +506,7 @@ KVS_VNNI_ATTR HWY_INLINE void ScoreColumns(const VnniPlan& plan, const __m512i* 
 KVS_VNNI_ATTR HWY_INLINE void LoadGroupScales(const VnniPlan& plan, const RowSet& keys, size_t key0,
                                               __m512* scale, __m512* min) {
   if (plan.bits == 8) {  // the row's f16 scale; no minimum
-    alignas(32) uint16_t bits[16];
-    for (int k = 0; k < 16; ++k) std::memcpy(&bits[k], keys.rows[key0 + k], sizeof(uint16_t));
-    scale[0] = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(bits)));
+    scale[0] = LoadRowScales(DF(), keys.rows + key0).raw;
     min[0] = _mm512_setzero_ps();
     return;
   }
