@@ -219,8 +219,9 @@ void RegisterAll(bool long_contexts) {
     a->UseRealTime()->Unit(benchmark::kMicrosecond);
   }
   for (const char* codec : kCodecsB) {
-    auto* b = benchmark::RegisterBenchmark((std::string("DecodeB/") + codec).c_str(), BM_Decode, 8,
-                                           32, 128, std::string(codec), Record::kWall);
+    auto* b = benchmark::RegisterBenchmark((std::string("DecodeB/") + codec).c_str(), BM_Decode,
+                                           kShapeB.num_kv_heads, kShapeBQueryHeads,
+                                           kShapeB.head_dim, std::string(codec), Record::kWall);
     for (int tokens : {1024, 4096, 16384}) b->Args({tokens, kThreadsB});
     if (long_contexts) {
       for (int tokens : {32768, 65536}) b->Args({tokens, kThreadsB});
@@ -238,7 +239,7 @@ void RegisterAll(bool long_contexts) {
   const struct {
     const char* shape;
     int num_heads, head_dim, threads;
-  } score_shapes[] = {{"A", 8, 64, 2}, {"B", 32, 128, kThreadsB}};
+  } score_shapes[] = {{"A", 8, 64, 2}, {"B", kShapeBQueryHeads, kShapeB.head_dim, kThreadsB}};
   for (const auto& shape : score_shapes) {
     for (const char* codec : {"f16", "int4"}) {
       const std::string name = std::string(shape.shape) + "/" + codec;

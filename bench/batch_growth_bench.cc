@@ -30,10 +30,6 @@ namespace kvstack {
 namespace {
 
 constexpr int kNumSequences = 4;
-constexpr int kNumKvHeads = 8;
-constexpr int kNumHeads = 32;
-constexpr int kHeadDim = 128;
-constexpr int kBlockSize = 16;
 
 // Fastest step per (lockstep, tokens), seconds.
 std::map<std::pair<bool, int>, double>& BestTimes() {
@@ -45,13 +41,13 @@ void BM_Grown(benchmark::State& state, bool lockstep, std::string codec) {
   const int num_tokens = static_cast<int>(state.range(0));
   const int num_threads = static_cast<int>(state.range(1));
   std::vector<SeqId> ids;
-  const std::unique_ptr<KvCache> cache =
-      GrowBenchCache({kNumKvHeads, kHeadDim, kBlockSize}, codec, num_tokens,
-                     lockstep ? kBlockSize : num_tokens, kNumSequences, &ids);
+  const std::unique_ptr<KvCache> cache = GrowBenchCache(
+      kShapeB, codec, num_tokens, lockstep ? kShapeB.block_size : num_tokens, kNumSequences, &ids);
   const KvLayerView view = cache->View(ids[0], 0);
-  std::vector<float> q(static_cast<size_t>(kNumHeads) * kHeadDim, 0.5f);
+  std::vector<float> q(static_cast<size_t>(kShapeBQueryHeads) * kShapeB.head_dim, 0.5f);
   std::vector<float> out(q.size());
-  const AttentionParams params{kNumHeads, 1.0f / std::sqrt(static_cast<float>(kHeadDim))};
+  const AttentionParams params{kShapeBQueryHeads,
+                               1.0f / std::sqrt(static_cast<float>(kShapeB.head_dim))};
   ThreadPool* pool = BenchPool(num_threads);
   const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) {
@@ -73,7 +69,7 @@ void BM_Grown(benchmark::State& state, bool lockstep, std::string codec) {
 
 void PrintTable() {
   std::printf("\nDecode of one of %d sequences, shape B, bf16, blocks of %d tokens:\n",
-              kNumSequences, kBlockSize);
+              kNumSequences, kShapeB.block_size);
   std::printf("%8s %12s %12s %10s\n", "tokens", "alone us", "lockstep us", "ratio");
   for (const auto& [key, alone] : BestTimes()) {
     if (key.first) continue;
