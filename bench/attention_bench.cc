@@ -205,8 +205,10 @@ void BM_Prefill(benchmark::State& state, int num_kv_heads, int num_heads, int he
       static_cast<double>(num_tokens) * state.iterations(), benchmark::Counter::kIsRate);
 }
 
-// Shape B's codecs: the floats and every codec with a fast path.
-const char* const kCodecsB[] = {"bf16", "f16", "fp8_e4m3", "int8", "int4", "kivi4", "kivi2"};
+// Shape B's codecs: the floats and every codec with a fast path; int4 also with one (scale,
+// min) pair per 128 elements instead of 32, to show what its groups cost.
+const char* const kCodecsB[] = {"bf16", "f16",       "fp8_e4m3", "int8",
+                                "int4", "int4-g128", "kivi4",    "kivi2"};
 constexpr int kThreadsB = 2;
 
 void RegisterAll(bool long_contexts) {
@@ -276,7 +278,7 @@ void PrintDecodeTable() {
       "\nDecode, 8 kv heads x head_dim 128, 32 query heads, %d threads "
       "(bandwidth %.1f GB/s):\n",
       kThreadsB, Bandwidth()[kThreadsB] / 1e9);
-  std::printf("%8s %-8s %10s %8s %9s %8s %10s %9s\n", "tokens", "codec", "us/step", "GB/s",
+  std::printf("%8s %-9s %10s %8s %9s %8s %10s %9s\n", "tokens", "codec", "us/step", "GB/s",
               "fraction", "vs bf16", "limit GB/s", "of limit");
   std::map<int, double> bf16;
   for (const auto& [key, seconds] : DecodeTimes()) {
@@ -289,7 +291,7 @@ void PrintDecodeTable() {
       const double seconds = it->second;
       const double rate = StepReads()[{codec, tokens}].bytes / seconds;
       const double limit = DecodeReadLimits()[{codec, tokens}];
-      std::printf("%8d %-8s %10.1f %8.2f %9.2f %8.2f %10.2f %9.2f\n", tokens, codec, seconds * 1e6,
+      std::printf("%8d %-9s %10.1f %8.2f %9.2f %8.2f %10.2f %9.2f\n", tokens, codec, seconds * 1e6,
                   rate / 1e9, rate / Bandwidth()[kThreadsB],
                   bf16.count(tokens) ? bf16[tokens] / seconds : 0.0, limit / 1e9,
                   limit > 0.0 ? rate / limit : 0.0);
@@ -303,7 +305,7 @@ void PrintOneThreadTable() {
   if (OneThreadTimes().empty()) return;
   std::printf("\nDecode, shape B, one thread, CPU time (read bandwidth 1 thread %.1f GB/s):\n",
               Bandwidth()[1] / 1e9);
-  std::printf("%8s %-8s %14s %8s %9s %8s\n", "tokens", "codec", "ns/token/head", "GB/s", "fraction",
+  std::printf("%8s %-9s %14s %8s %9s %8s\n", "tokens", "codec", "ns/token/head", "GB/s", "fraction",
               "vs bf16");
   for (int tokens : {1024, 32768}) {
     const auto bf16 = OneThreadTimes().find({"bf16", tokens});
@@ -312,7 +314,7 @@ void PrintOneThreadTable() {
       if (it == OneThreadTimes().end()) continue;
       const StepRead& read = StepReads()[{codec, tokens}];
       const double rate = read.bytes / it->second;
-      std::printf("%8d %-8s %14.1f %8.2f %9.2f %8.2f\n", tokens, codec,
+      std::printf("%8d %-9s %14.1f %8.2f %9.2f %8.2f\n", tokens, codec,
                   1e9 * it->second / (8.0 * read.num_tokens), rate / 1e9, rate / Bandwidth()[1],
                   bf16 != OneThreadTimes().end() ? bf16->second / it->second : 0.0);
     }
