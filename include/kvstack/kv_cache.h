@@ -123,6 +123,7 @@ class KvCache {
   absl::Status RetainTokens(SeqId seq_id, int layer_idx, int kv_head, std::span<const int> keep,
                             const KeyRewrite& rewrite = nullptr);
 
+  // The configuration the cache was created with, block_size resolved (never 0).
   const KvConfig& config() const;
   // The codecs of one layer (after config.layer_codecs overrides).
   const Codec& k_codec(int layer_idx = 0) const;

@@ -42,11 +42,19 @@ struct KvBudget {
 // (bytes). Errors: one line naming the forms allowed; zero and negative budgets.
 absl::StatusOr<KvBudget> ParseKvBudget(std::string_view text);
 
+// Token slots per block of the paged layout: what block_size 0 starts from, and the largest.
+inline constexpr int kDefaultBlockSize = 16;
+inline constexpr int kMaxBlockSize = 65536;
+
 struct KvConfig {
   // Memory layout. Default: paged.
   LayoutKind layout = LayoutKind::kPaged;
-  // Token slots per block (paged layout only). Default: 16. Allowed: 1..65536.
-  int block_size = 16;
+  // Token slots per block (paged layout only). 0 means kDefaultBlockSize, or, where a layer's
+  // codecs group more tokens per unit (KIVI's -g, integer groups longer than a row), the
+  // smallest multiple of every layer's unit that is at least kDefaultBlockSize; KvCache::Create
+  // resolves it. A size given that is not a multiple of some unit is an error. Default: 0.
+  // Allowed: 0..kMaxBlockSize.
+  int block_size = 0;
   // Storage codec of keys and of values, by name (see codec.h: "f32", "f16", "bf16").
   // Default: "f16" for both, the format llama.cpp uses by default.
   std::string k_codec = "f16";

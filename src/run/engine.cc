@@ -106,6 +106,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const LlamaModel& model,
   }
   KVS_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache,
                        KvCache::Create(CacheOptionsFor(model, resolved.kv)));
+  resolved.kv.block_size = cache->config().block_size;
   return std::unique_ptr<Engine>(new Engine(model, resolved, std::move(cache), std::move(evictor)));
 }
 
@@ -115,6 +116,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const LlamaModel& model,
 absl::StatusOr<std::unique_ptr<Evictor>> Engine::CreateEvictor(const LlamaModel& model,
                                                                EngineOptions& resolved) {
   KvConfig probe_config = resolved.kv;
+  // (With block_size 0 the probe sizes its own blocks; 64 tokens fill at least part of one.)
   probe_config.capacity = std::max(probe_config.block_size, 64);
   probe_config.max_sequences = 1;
   KVS_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> probe,

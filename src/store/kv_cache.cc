@@ -80,7 +80,8 @@ absl::StatusOr<int> UnitPeriod(const Codec& k, const Codec& v, const KvConfig& c
         "kv cache: the ring layout needs one-token units; codec '", std::string(wide.name()),
         "' groups ", period, " tokens (layer ", layer_idx, ")"));
   }
-  if (config.layout == LayoutKind::kPaged && config.block_size % period != 0) {
+  if (config.layout == LayoutKind::kPaged && config.block_size > 0 &&
+      config.block_size % period != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("kv cache: block_size ", config.block_size, " is not a multiple of the ",
                      period, "-token units of codec '", std::string(wide.name()), "' (layer ",
@@ -180,10 +181,20 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
   // Sizes are checked in 128-bit arithmetic: a capacity typo must give a message, not a wrap.
   using Wide = unsigned __int128;
   const bool paged = config.layout == LayoutKind::kPaged;
-  // Region layouts round the region up to whole periods of every layer.
+  // block_size 0: 16 tokens, or the smallest multiple of every layer's period above that.
   const Wide lcm = static_cast<Wide>(period_lcm);
-  const Wide block_size = paged ? static_cast<Wide>(config.block_size)
-                                : (static_cast<Wide>(config.capacity) + lcm - 1) / lcm * lcm;
+  const Wide config_block_size = config.block_size > 0
+                                     ? static_cast<Wide>(config.block_size)
+                                     : (Wide{kDefaultBlockSize} + lcm - 1) / lcm * lcm;
+  if (paged && config_block_size > static_cast<Wide>(kMaxBlockSize)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv cache: the codecs' token units need blocks of ",
+                     static_cast<int64_t>(config_block_size), " tokens; allowed: at most ",
+                     kMaxBlockSize, " (choose smaller groups)"));
+  }
+  // Region layouts round the region up to whole periods of every layer.
+  const Wide block_size =
+      paged ? config_block_size : (static_cast<Wide>(config.capacity) + lcm - 1) / lcm * lcm;
   const Wide num_blocks =
       paged ? (static_cast<Wide>(config.capacity) * config.max_sequences + block_size - 1) /
                   block_size
@@ -206,6 +217,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
 
   auto impl = std::make_unique<Impl>(static_cast<int32_t>(num_blocks));
   impl->options = options;
+  impl->options.config.block_size = static_cast<int>(config_block_size);
   impl->block_size = static_cast<int>(block_size);
   for (Impl::Layer& layer : layers) {
     layer.k_head_block_bytes =

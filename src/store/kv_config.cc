@@ -22,7 +22,6 @@
 namespace kvstack {
 namespace {
 
-constexpr int kMaxBlockSize = 65536;
 constexpr int kMaxSequences = 4096;
 constexpr int kMaxSinkTokens = 65536;
 
@@ -387,9 +386,11 @@ bool KvConfig::evicts() const {
 
 // The additions print only when set, so the lines of earlier reports stay comparable.
 std::string KvConfig::ToString() const {
-  std::string out = absl::StrCat(
-      "layout=", std::string(LayoutName(layout)), " block_size=", block_size, " k=", k_codec,
-      " v=", v_codec, " capacity=", capacity, " max_sequences=", max_sequences, " policy=", policy);
+  std::string out =
+      absl::StrCat("layout=", std::string(LayoutName(layout)),
+                   " block_size=", block_size > 0 ? absl::StrCat(block_size) : std::string("auto"),
+                   " k=", k_codec, " v=", v_codec, " capacity=", capacity,
+                   " max_sequences=", max_sequences, " policy=", policy);
   if (sink_tokens > 0) absl::StrAppend(&out, " sinks=", sink_tokens);
   if (hadamard_keys) absl::StrAppend(&out, " hadamard");
   if (recent_tokens > 0) absl::StrAppend(&out, " recent=", recent_tokens);
@@ -423,9 +424,10 @@ absl::Status ValidateKvConfig(const KvConfig& config) {
         absl::StrCat("kv config: layout value ", static_cast<int>(config.layout),
                      " is invalid; allowed: ", JoinNames(kLayoutNames)));
   }
-  if (config.block_size < 1 || config.block_size > kMaxBlockSize) {
+  if (config.block_size < 0 || config.block_size > kMaxBlockSize) {
     return absl::InvalidArgumentError(absl::StrCat("kv config: block_size ", config.block_size,
-                                                   " is out of range; allowed: 1..",
+                                                   " is out of range; allowed: 0 (sized to the "
+                                                   "codecs' units) or 1..",
                                                    kMaxBlockSize));
   }
   KVS_RETURN_IF_ERROR(CheckCodecField("k_codec", config.k_codec));

@@ -76,6 +76,22 @@ TEST(Cli, PerplexityJson) {
   EXPECT_EQ(result["config"]["layout"], "contiguous");
 }
 
+// With no --block-size, the paged blocks are sized to the codecs' units: KIVI-2 keys of 32
+// tokens get blocks of 32, and the run reports the size it used.
+TEST(Cli, DefaultBlockSizeFitsTheCodecsUnits) {
+  const std::string dir = ScratchDir();
+  std::ofstream(dir + "/slice.txt")
+      << Slurp(kShared + "/data/tinystories_valid_head256k.txt").substr(0, 20000);
+  const CommandResult r = RunCli("perplexity -m " + kModel + " -f " + dir +
+                                 "/slice.txt --ctx 256 --k-codec kivi2 --v-codec kivi2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto result = nlohmann::json::parse(r.out);
+  EXPECT_EQ(result["config"]["block_size"], 32);
+  EXPECT_EQ(result["config"]["k_codec"], "kivi2");
+  EXPECT_GT(result["ppl"].get<double>(), 2.0);
+  EXPECT_LT(result["ppl"].get<double>(), 12.0);
+}
+
 TEST(Cli, InspectShowsMetadataAndTensors) {
   const CommandResult r = RunCli("inspect " + kModel);
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -118,7 +134,9 @@ TEST(Cli, BadInputGetsOneClearLine) {
   ExpectOneLineError("generate -m /nonexistent.gguf -p hi", "/nonexistent.gguf");
   ExpectOneLineError("generate -m " + kModel + " -p hi --k-codec int3", "int3");
   ExpectOneLineError("generate -m " + kModel + " -p hi --layout spiral", "spiral");
-  ExpectOneLineError("generate -m " + kModel + " -p hi --block-size 0", "block_size");
+  ExpectOneLineError("generate -m " + kModel + " -p hi --block-size -1", "block_size");
+  ExpectOneLineError("generate -m " + kModel + " -p hi --k-codec kivi2 --block-size 16",
+                     "allowed: a multiple of 32");
   ExpectOneLineError("generate -m " + kModel + " -p hi --temp -1", "temperature");
   ExpectOneLineError("generate -m " + kModel, "--prompt");
   ExpectOneLineError("generate -m " + kModel + " -p hi --kv-config /nonexistent.toml",

@@ -87,7 +87,7 @@ TEST_F(SweepPolicyCliTest, BadPolicyInputGetsOneLineAndExitOne) {
            Case{" --policy h2o --budget 0", "is zero"},
            Case{" --policy h2o --budget 200", "more than the context"},
            Case{" --policy h3o --budget 32", "allowed"},
-           Case{" --policy window --budget 32 --k-codec kivi4", "kivi4"},
+           Case{" --policy window --budget 32 --k-codec kivi4 --block-size 16", "kivi4"},
            Case{" --policy snapkv --budget 32 --pool-kernel 4", "pool_kernel"},
            Case{" --policy duo --budget 32", "head profile"},
            Case{" --policy h2o --budget 32 --positions sideways", "positions"},

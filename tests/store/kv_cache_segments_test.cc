@@ -447,6 +447,34 @@ TEST(KvCacheUnitsTest, ContiguousRegionIsRoundedUpToWholePeriods) {
   EXPECT_FALSE(cache->PlanAppend(seq_id, 21)->fits);  // capacity stays what was asked for
 }
 
+TEST(KvCacheUnitsTest, BlockSizeZeroIsSizedToEveryLayersUnits) {
+  struct Case {
+    std::string k_codec;
+    std::vector<KvConfig::LayerCodecs> layer_codecs;
+    int expected;
+  };
+  for (const Case& c : {
+           Case{"f16", {}, kDefaultBlockSize}, Case{"kivi4-g8", {}, 16}, Case{"kivi2-g32", {}, 32},
+           Case{"kivi4-g24", {}, 24},
+           Case{"kivi4-g8", {Override(1, "kivi2-g12", "")}, 24},  // lcm(8, 12) = 24 >= 16
+       }) {
+    KvCacheOptions options;
+    options.num_layers = kNumLayers;
+    options.num_kv_heads = kNumKvHeads;
+    options.head_dim = kHeadDim;
+    options.config.capacity = 100;
+    options.config.k_codec = c.k_codec;
+    options.config.layer_codecs = c.layer_codecs;
+    ASSERT_EQ(options.config.block_size, 0);  // the default
+    auto cache = KvCache::Create(options);
+    ASSERT_TRUE(cache.ok()) << c.k_codec << ": " << cache.status();
+    EXPECT_EQ((*cache)->config().block_size, c.expected) << c.k_codec;
+    const SeqId seq_id = *(*cache)->AddSequence();
+    ASSERT_TRUE((*cache)->CommitAppend(*(*cache)->PlanAppend(seq_id, 1)).ok());
+    EXPECT_EQ((*cache)->View(seq_id, 0).block_size, c.expected) << c.k_codec;
+  }
+}
+
 struct ErrorCase {
   std::string what;
   LayoutKind layout = LayoutKind::kPaged;

@@ -29,7 +29,8 @@ TEST(KvConfigTest, ToStringNamesEveryField) {
   KvConfig config;
   config.capacity = 512;
   EXPECT_EQ(config.ToString(),
-            "layout=paged block_size=16 k=f16 v=f16 capacity=512 max_sequences=1 policy=full");
+            "layout=paged block_size=auto k=f16 v=f16 capacity=512 max_sequences=1 policy=full");
+  config.block_size = 16;
   config.layout = LayoutKind::kRing;
   config.k_codec = "f32";
   config.v_codec = "bf16";
@@ -58,7 +59,8 @@ TEST(KvConfigTest, ValidationNamesFieldAndAllowedValues) {
     const char* expected;
   };
   const Case cases[] = {
-      {[](KvConfig* c) { c->block_size = 0; }, "block_size 0 is out of range; allowed: 1..65536"},
+      {[](KvConfig* c) { c->block_size = -1; },
+       "block_size -1 is out of range; allowed: 0 (sized to the codecs' units) or 1..65536"},
       {[](KvConfig* c) { c->block_size = 65537; }, "block_size 65537"},
       {[](KvConfig* c) { c->k_codec = "int4x"; }, "k_codec 'int4x' is invalid"},
       {[](KvConfig* c) { c->k_codec = "int4x"; }, "allowed: f32"},

@@ -18,8 +18,10 @@ void CacheFlags::Add(CLI::App* app, bool with_grid_flags) {
   app->add_option("--kv-config", config_path_,
                   "TOML file with the cache configuration (flags override its keys)");
   layout_opt_ = app->add_option("--layout", layout_, "contiguous | paged | ring (default paged)");
-  block_size_opt_ =
-      app->add_option("--block-size", block_size_, "tokens per block, paged layout (default 16)");
+  block_size_opt_ = app->add_option(
+      "--block-size", block_size_,
+      "tokens per block, paged layout (default 0: 16, or a multiple of the codecs' token "
+      "units, e.g. 32 for kivi2)");
   if (with_grid_flags) {
     k_codec_opt_ = app->add_option(
         "--k-codec", k_codec_, "key storage codec, e.g. f16, int8, int4-g32, kivi2 (default f16)");
