@@ -59,14 +59,17 @@ TEST(Cli, GenerateWithPromptFileTomlConfigAndSampling) {
   EXPECT_EQ(again.out, r.out);
 }
 
+// The first 20,000 characters of the real text in a scratch file: a slice keeps the perplexity
+// runs quick (the full-file figure is checked in model_e2e_test).
+std::string TextSlice() {
+  const std::string path = ScratchDir() + "/slice.txt";
+  std::ofstream(path) << Slurp(kShared + "/data/tinystories_valid_head256k.txt").substr(0, 20000);
+  return path;
+}
+
 TEST(Cli, PerplexityJson) {
-  // A slice of the real text keeps this quick; the full-file figure is checked in
-  // model_e2e_test.
-  const std::string dir = ScratchDir();
-  std::ofstream(dir + "/slice.txt")
-      << Slurp(kShared + "/data/tinystories_valid_head256k.txt").substr(0, 20000);
-  const CommandResult r = RunCli("perplexity -m " + kModel + " -f " + dir +
-                                 "/slice.txt --ctx 256 --batch 64 --layout contiguous --json");
+  const CommandResult r = RunCli("perplexity -m " + kModel + " -f " + TextSlice() +
+                                 " --ctx 256 --batch 64 --layout contiguous --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto result = nlohmann::json::parse(r.out);
   EXPECT_GT(result["ppl"].get<double>(), 2.0);
@@ -79,11 +82,8 @@ TEST(Cli, PerplexityJson) {
 // With no --block-size, the paged blocks are sized to the codecs' units: KIVI-2 keys of 32
 // tokens get blocks of 32, and the run reports the size it used.
 TEST(Cli, DefaultBlockSizeFitsTheCodecsUnits) {
-  const std::string dir = ScratchDir();
-  std::ofstream(dir + "/slice.txt")
-      << Slurp(kShared + "/data/tinystories_valid_head256k.txt").substr(0, 20000);
-  const CommandResult r = RunCli("perplexity -m " + kModel + " -f " + dir +
-                                 "/slice.txt --ctx 256 --k-codec kivi2 --v-codec kivi2 --json");
+  const CommandResult r = RunCli("perplexity -m " + kModel + " -f " + TextSlice() +
+                                 " --ctx 256 --k-codec kivi2 --v-codec kivi2 --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto result = nlohmann::json::parse(r.out);
   EXPECT_EQ(result["config"]["block_size"], 32);
