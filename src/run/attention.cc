@@ -14,6 +14,7 @@ namespace kvstack {
 namespace {
 std::atomic<bool> dot_product_readers_disabled{false};
 std::atomic<bool> tile_multiplies_disabled{false};
+std::atomic<Bf16MultiplyForTest> bf16_multiply{Bf16MultiplyForTest::kMeasured};
 }  // namespace
 
 void DisableDotProductReadersForTest(bool disabled) {
@@ -21,6 +22,12 @@ void DisableDotProductReadersForTest(bool disabled) {
 }
 bool DotProductReadersDisabledForTest() {
   return dot_product_readers_disabled.load(std::memory_order_relaxed);
+}
+void SetBf16MultiplyForTest(Bf16MultiplyForTest how) {
+  bf16_multiply.store(how, std::memory_order_relaxed);
+}
+Bf16MultiplyForTest Bf16MultiplySetForTest() {
+  return bf16_multiply.load(std::memory_order_relaxed);
 }
 void DisableTileMultipliesForTest(bool disabled) {
   tile_multiplies_disabled.store(disabled, std::memory_order_relaxed);

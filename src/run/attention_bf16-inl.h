@@ -21,6 +21,13 @@
 // p_t+1) broadcast. The unpacks keep elements in place only within 128-bit lanes, so the state
 // is held in that order for the task and put back once at its end (Bf16OrderToElements).
 //
+// Widened (Bf16Plan::widen): where vdpbf16ps is slow (on Emerald Rapids it takes as long as 3.4
+// F32 FMAs), a 16-bit unpack with zeros turns each BF16 chunk into two F32 vectors (each BF16 is
+// the high half of its F32) in the values' unpack order, once per step of heads, and F32 FMAs
+// multiply them by the query (kept F32 in that order, Bf16WidenQueries) or by each key's F32
+// weight. Nothing is rounded then. Bf16WidenPays chooses by the instructions' costs, measured
+// once per process.
+//
 // FP8 rows ([f16 scale][codes], E4M3 or E5M2) go through the same dot products: every E4M3 and
 // E5M2 value is exact in BF16, so a code becomes its BF16 by two byte-table lookups (vpermt2b
 // reads 7 index bits, the magnitude: one lookup for the high bytes, one for the low) and an OR
@@ -29,8 +36,10 @@
 // value's softmax weight before that is rounded to BF16. Nothing is rounded beyond what BF16
 // rows round: the query and the weights.
 
+#include <algorithm>
 #include <array>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -69,6 +78,9 @@ struct Bf16Plan {
   bool values = false;
   Reader key_reader = Reader::kBF16;
   Reader value_reader = Reader::kBF16;
+  // Multiply by widening each BF16 to F32 (a 16-bit unpack) and FMAs instead of vdpbf16ps
+  // (Bf16WidenPays).
+  bool widen = false;
 };
 
 constexpr bool IsFp8Reader(Reader r) { return r == Reader::kFp8E4M3 || r == Reader::kFp8E5M2; }
@@ -92,9 +104,76 @@ bool Bf16Applies(const SideSpec& side, size_t head_dim, size_t lanes) {
          head_dim <= kBf16MaxHeadDim && CpuHasBf16Dot();
 }
 
-Bf16Plan PlanBf16(const SideSpec& k_side, const SideSpec& v_side, size_t head_dim, size_t lanes) {
-  return {Bf16Applies(k_side, head_dim, lanes), Bf16Applies(v_side, head_dim, lanes), k_side.reader,
-          v_side.reader};
+// What one 512-bit instruction costs on this CPU, in nanoseconds: the least of 7 timings of 8
+// independent chains of 256. kKind 0: vdpbf16ps, 1: vfmadd231ps, 2: vpunpcklwd.
+template <int kKind>
+KVS_BF16_ATTR double NsPerInstruction() {
+  constexpr int kChains = 8, kSteps = 256, kTimings = 7;
+  double best = 1e9;
+  for (int timing = 0; timing < kTimings; ++timing) {
+    __m512 acc[kChains];
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(1e-3f * static_cast<float>(c));
+    const __m512 x = _mm512_set1_ps(0.999f);
+    const auto start = std::chrono::steady_clock::now();
+    for (int step = 0; step < kSteps; ++step) {
+      for (int c = 0; c < kChains; ++c) {
+        if constexpr (kKind == 0) {
+          acc[c] = _mm512_dpbf16_ps(acc[c], (__m512bh)x, (__m512bh)x);
+        } else if constexpr (kKind == 1) {
+          acc[c] = _mm512_fmadd_ps(acc[c], x, x);
+        } else {
+          acc[c] = _mm512_castsi512_ps(
+              _mm512_unpacklo_epi16(_mm512_castps_si512(acc[c]), _mm512_castps_si512(x)));
+        }
+      }
+      // (An empty asm per step keeps the compiler from reordering or folding the chains.)
+      asm volatile("" : "+v"(acc[0]), "+v"(acc[1]), "+v"(acc[2]), "+v"(acc[3]));
+      asm volatile("" : "+v"(acc[4]), "+v"(acc[5]), "+v"(acc[6]), "+v"(acc[7]));
+    }
+    const std::chrono::duration<double, std::nano> ns = std::chrono::steady_clock::now() - start;
+    best = std::min(best, ns.count() / (kChains * kSteps));
+  }
+  return best;
+}
+
+// Whether the BF16 readers multiply faster here by widening each BF16 to F32 (one 16-bit unpack
+// per 16 elements, shared by a step of heads) and F32 FMAs than by vdpbf16ps, for steps of
+// `heads` query heads. Per 32-element chunk, a key and a pair of value rows: vdpbf16ps costs 3
+// per head (1 for the key, 2 for the values) plus the values' 2 unpacks; widening 6 FMAs per
+// head plus 6 unpacks (2 for the key, 4 for the two value rows). On Zen 4 all three
+// instructions cost one cycle and vdpbf16ps wins; on Emerald Rapids (0.75, 0.22 and 0.34 ns)
+// widening wins from 2 heads per step.
+bool Bf16WidenPays(int heads) {
+  switch (Bf16MultiplySetForTest()) {
+    case Bf16MultiplyForTest::kDot:
+      return false;
+    case Bf16MultiplyForTest::kWiden:
+      return true;
+    case Bf16MultiplyForTest::kMeasured:
+      break;
+  }
+  struct Costs {
+    double dot, fma, unpack;
+  };
+  static const Costs kCosts = [] {
+    Costs c{1e9, 1e9, 1e9};
+    for (int round = 0; round < 3; ++round) {  // interleaved, so that a clock change hits all
+      c.dot = std::min(c.dot, NsPerInstruction<0>());
+      c.fma = std::min(c.fma, NsPerInstruction<1>());
+      c.unpack = std::min(c.unpack, NsPerInstruction<2>());
+    }
+    return c;
+  }();
+  return 4 * kCosts.unpack + 6 * heads * kCosts.fma < 3 * heads * kCosts.dot;
+}
+
+// group: query heads per kv head.
+Bf16Plan PlanBf16(const SideSpec& k_side, const SideSpec& v_side, size_t head_dim, size_t lanes,
+                  int group) {
+  Bf16Plan plan{Bf16Applies(k_side, head_dim, lanes), Bf16Applies(v_side, head_dim, lanes),
+                k_side.reader, v_side.reader};
+  plan.widen = (plan.keys || plan.values) && Bf16WidenPays(std::min(group, 4));
+  return plan;
 }
 
 // The `group` query heads q: [group, head_dim] (scaled, rotated) as BF16, element order, into
@@ -104,6 +183,22 @@ KVS_BF16_ATTR void Bf16PrepareQueries(const float* q, int group, size_t head_dim
   for (size_t e = 0; e < n; e += kBf16Chunk) {
     const __m512bh bf = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + e + 16), _mm512_loadu_ps(q + e));
     _mm512_storeu_si512(out + e, (__m512i)bf);
+  }
+}
+
+// Where element e of a row sits in a state accumulated by Bf16AccumulateTile: within each
+// 32-element chunk, the 16-bit unpacks put element 8 L + 4 h + i (128-bit lane L, half h) in
+// slot 16 h + 4 L + i.
+inline size_t Bf16Slot(size_t e) {
+  const size_t in_chunk = e % kBf16Chunk, lane = in_chunk / 8, half = in_chunk / 4 % 2;
+  return e - in_chunk + 16 * half + 4 * lane + in_chunk % 4;
+}
+
+// The `group` query heads q: [group, head_dim] as F32 in the order of Bf16Slot, into out:
+// [group, head_dim], for the widening readers (Bf16Plan::widen).
+void Bf16WidenQueries(const float* q, int group, size_t head_dim, float* out) {
+  for (int j = 0; j < group; ++j) {
+    for (size_t e = 0; e < head_dim; ++e) out[j * head_dim + Bf16Slot(e)] = q[j * head_dim + e];
   }
 }
 
@@ -193,9 +288,10 @@ KVS_BF16_ATTR HWY_INLINE __m512bh LoadChunk(const std::byte* row, size_t e, cons
 
 // Scores of keys key0 .. key0 + 3 (rows of reader kR) against kNumQ query heads q: [kNumQ,
 // head_dim] BF16, written to s[j * s_stride + key0 + key].
-template <Reader kR, int kNumQ>
+template <Reader kR, bool kWiden, int kNumQ>
 KVS_BF16_ATTR HWY_INLINE void Bf16ScoreFourRows(const RowSet& keys, size_t key0, const uint16_t* q,
-                                                size_t head_dim, const Fp8Lookup& lookup, float* s,
+                                                const float* qw, size_t head_dim,
+                                                const Fp8Lookup& lookup, float* s,
                                                 size_t s_stride) {
   const DF df;
   __m512 acc[kNumQ][4];
@@ -205,9 +301,26 @@ KVS_BF16_ATTR HWY_INLINE void Bf16ScoreFourRows(const RowSet& keys, size_t key0,
   for (size_t e = 0; e < head_dim; e += kBf16Chunk) {
     __m512bh k[4];
     for (int key = 0; key < 4; ++key) k[key] = LoadChunk<kR>(keys.rows[key0 + key], e, lookup);
-    for (int j = 0; j < kNumQ; ++j) {
-      const __m512bh qv = LoadBf16(q + j * head_dim + e);
-      for (int key = 0; key < 4; ++key) acc[j][key] = _mm512_dpbf16_ps(acc[j][key], k[key], qv);
+    if constexpr (kWiden) {
+      __m512 lo[4], hi[4];
+      for (int key = 0; key < 4; ++key) {
+        lo[key] =
+            _mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), (__m512i)k[key]));
+        hi[key] =
+            _mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), (__m512i)k[key]));
+      }
+      for (int j = 0; j < kNumQ; ++j) {
+        const __m512 qlo = _mm512_loadu_ps(qw + j * head_dim + e);
+        const __m512 qhi = _mm512_loadu_ps(qw + j * head_dim + e + 16);
+        for (int key = 0; key < 4; ++key) {
+          acc[j][key] = _mm512_fmadd_ps(qhi, hi[key], _mm512_fmadd_ps(qlo, lo[key], acc[j][key]));
+        }
+      }
+    } else {
+      for (int j = 0; j < kNumQ; ++j) {
+        const __m512bh qv = LoadBf16(q + j * head_dim + e);
+        for (int key = 0; key < 4; ++key) acc[j][key] = _mm512_dpbf16_ps(acc[j][key], k[key], qv);
+      }
     }
   }
   for (int j = 0; j < kNumQ; ++j) {
@@ -223,10 +336,10 @@ KVS_BF16_ATTR HWY_INLINE void Bf16ScoreFourRows(const RowSet& keys, size_t key0,
   }
 }
 
-template <Reader kR>
+template <Reader kR, bool kWiden>
 KVS_BF16_ATTR void Bf16ScoreTileOf(const RowSet& keys, const RowSet& values, size_t num_keys,
-                                   const uint16_t* q, int group, size_t head_dim, float* s,
-                                   size_t s_stride) {
+                                   const uint16_t* q, const float* qw, int group, size_t head_dim,
+                                   float* s, size_t s_stride) {
   const Fp8Lookup lookup = IsFp8Reader(kR) ? MakeFp8Lookup<kR>() : Fp8Lookup{};
   for (size_t key = 0; key < num_keys; key += 4) {
     PrefetchAhead(keys, key, num_keys);
@@ -234,33 +347,44 @@ KVS_BF16_ATTR void Bf16ScoreTileOf(const RowSet& keys, const RowSet& values, siz
     // Heads by 4, 2, 1 (ForEachHeadStep's steps; a lambda would not carry KVS_BF16_ATTR).
     int j = 0;
     for (; j + 4 <= group; j += 4) {
-      Bf16ScoreFourRows<kR, 4>(keys, key, q + j * head_dim, head_dim, lookup, s + j * s_stride,
-                               s_stride);
+      Bf16ScoreFourRows<kR, kWiden, 4>(keys, key, q + j * head_dim, qw + j * head_dim, head_dim,
+                                       lookup, s + j * s_stride, s_stride);
     }
     for (; j + 2 <= group; j += 2) {
-      Bf16ScoreFourRows<kR, 2>(keys, key, q + j * head_dim, head_dim, lookup, s + j * s_stride,
-                               s_stride);
+      Bf16ScoreFourRows<kR, kWiden, 2>(keys, key, q + j * head_dim, qw + j * head_dim, head_dim,
+                                       lookup, s + j * s_stride, s_stride);
     }
     for (; j < group; ++j) {
-      Bf16ScoreFourRows<kR, 1>(keys, key, q + j * head_dim, head_dim, lookup, s + j * s_stride,
-                               s_stride);
+      Bf16ScoreFourRows<kR, kWiden, 1>(keys, key, q + j * head_dim, qw + j * head_dim, head_dim,
+                                       lookup, s + j * s_stride, s_stride);
     }
   }
+}
+
+template <Reader kR>
+void Bf16ScoreTileIn(const Bf16Plan& plan, const RowSet& keys, const RowSet& values,
+                     size_t num_keys, const uint16_t* q, const float* qw, int group,
+                     size_t head_dim, float* s, size_t s_stride) {
+  if (plan.widen) {
+    return Bf16ScoreTileOf<kR, true>(keys, values, num_keys, q, qw, group, head_dim, s, s_stride);
+  }
+  Bf16ScoreTileOf<kR, false>(keys, values, num_keys, q, qw, group, head_dim, s, s_stride);
 }
 
 // Scores of a tile's keys (rows padded to a multiple of 4) for the `group` query heads:
 //   q: [group, head_dim] BF16 (Bf16PrepareQueries); s: [group, s_stride]
 void Bf16ScoreTile(const Bf16Plan& plan, const RowSet& keys, const RowSet& values, size_t num_keys,
-                   const uint16_t* q, int group, size_t head_dim, float* s, size_t s_stride) {
+                   const uint16_t* q, const float* qw, int group, size_t head_dim, float* s,
+                   size_t s_stride) {
   switch (plan.key_reader) {
     case Reader::kFp8E4M3:
-      return Bf16ScoreTileOf<Reader::kFp8E4M3>(keys, values, num_keys, q, group, head_dim, s,
-                                               s_stride);
+      return Bf16ScoreTileIn<Reader::kFp8E4M3>(plan, keys, values, num_keys, q, qw, group, head_dim,
+                                               s, s_stride);
     case Reader::kFp8E5M2:
-      return Bf16ScoreTileOf<Reader::kFp8E5M2>(keys, values, num_keys, q, group, head_dim, s,
-                                               s_stride);
+      return Bf16ScoreTileIn<Reader::kFp8E5M2>(plan, keys, values, num_keys, q, qw, group, head_dim,
+                                               s, s_stride);
     default:
-      return Bf16ScoreTileOf<Reader::kBF16>(keys, values, num_keys, q, group, head_dim, s,
+      return Bf16ScoreTileIn<Reader::kBF16>(plan, keys, values, num_keys, q, qw, group, head_dim, s,
                                             s_stride);
   }
 }
@@ -268,7 +392,7 @@ void Bf16ScoreTile(const Bf16Plan& plan, const RowSet& keys, const RowSet& value
 // state_j[e0, e0 + 32 kChunks) += the tile's weighted values (rows of reader kR), in the order of
 // the file comment, for kNumQ query heads with weight pairs w: [kNumQ][w_stride] (BF16 (p_2i,
 // p_2i+1) per dword; for FP8 rows each weight includes its row's scale).
-template <Reader kR, int kNumQ, int kChunks>
+template <Reader kR, bool kWiden, int kNumQ, int kChunks>
 KVS_BF16_ATTR HWY_INLINE void Bf16AccumulateSlice(const RowSet& values, size_t num_pairs,
                                                   const uint32_t* w, size_t w_stride, size_t e0,
                                                   const Fp8Lookup& lookup, float* state,
@@ -283,6 +407,24 @@ KVS_BF16_ATTR HWY_INLINE void Bf16AccumulateSlice(const RowSet& values, size_t n
   }
   constexpr size_t kElementBytes = kR == Reader::kBF16 ? sizeof(uint16_t) : 1;
   const size_t offset = (kR == Reader::kBF16 ? 0 : sizeof(uint16_t)) + e0 * kElementBytes;
+  if constexpr (kWiden) {  // num_pairs counts keys here; w holds one F32 weight per key
+    const float* wf = reinterpret_cast<const float*>(w);
+    for (size_t key = 0; key < num_pairs; ++key) {
+      const std::byte* row = values.rows[key];
+      __m512 wv[kNumQ];
+      for (int j = 0; j < kNumQ; ++j) wv[j] = _mm512_set1_ps(wf[j * w_stride + key]);
+      for (int c = 0; c < kChunks; ++c) {
+        const __m512i bits = (__m512i)LoadChunk<kR>(row, e0 + c * kBf16Chunk, lookup);
+        const __m512 lo = _mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), bits));
+        const __m512 hi = _mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), bits));
+        for (int j = 0; j < kNumQ; ++j) {
+          acc[j][c][0] = _mm512_fmadd_ps(lo, wv[j], acc[j][c][0]);
+          acc[j][c][1] = _mm512_fmadd_ps(hi, wv[j], acc[j][c][1]);
+        }
+      }
+    }
+    num_pairs = 0;
+  }
   for (size_t pair = 0; pair < num_pairs; ++pair) {
     const std::byte* first = values.rows[2 * pair] + offset;
     const std::byte* second = values.rows[2 * pair + 1] + offset;
@@ -323,12 +465,12 @@ KVS_BF16_ATTR HWY_INLINE void Bf16AccumulateSlice(const RowSet& values, size_t n
 }
 
 // Bf16AccumulateSlice for ForEachSlice: chunk `first` on, kChunks chunks.
-template <Reader kR, int kNumQ>
+template <Reader kR, bool kWiden, int kNumQ>
 struct Bf16Slices {
   template <int kChunks>
   KVS_BF16_ATTR void operator()(size_t first) const {
-    Bf16AccumulateSlice<kR, kNumQ, kChunks>(values, num_pairs, w, w_stride, first * kBf16Chunk,
-                                            lookup, state, state_stride);
+    Bf16AccumulateSlice<kR, kWiden, kNumQ, kChunks>(
+        values, num_pairs, w, w_stride, first * kBf16Chunk, lookup, state, state_stride);
   }
   const RowSet& values;
   size_t num_pairs;
@@ -342,48 +484,67 @@ struct Bf16Slices {
 // The same over all of head_dim: slices of as many chunks as keep 16 accumulators in registers,
 // then the rest by ForEachSlice, so that each value row is passed over as few times as the
 // registers allow.
-template <Reader kR, int kNumQ>
+template <Reader kR, bool kWiden, int kNumQ>
 KVS_BF16_ATTR HWY_INLINE void Bf16AccumulateRows(const RowSet& values, size_t num_pairs,
                                                  const uint32_t* w, size_t w_stride,
                                                  size_t head_dim, const Fp8Lookup& lookup,
                                                  float* state, size_t state_stride) {
   ForEachSlice<8 / kNumQ>(
       head_dim / kBf16Chunk,
-      Bf16Slices<kR, kNumQ>{values, num_pairs, w, w_stride, lookup, state, state_stride});
+      Bf16Slices<kR, kWiden, kNumQ>{values, num_pairs, w, w_stride, lookup, state, state_stride});
 }
 
-template <Reader kR>
+template <Reader kR, bool kWiden>
 KVS_BF16_ATTR void Bf16AccumulateTileOf(const RowSet& values, size_t num_keys, const float* p,
                                         size_t p_stride, int group, size_t head_dim, float* state,
                                         size_t state_stride) {
   const size_t num_keys16 = (num_keys + 15) / 16 * 16;
-  const size_t w_stride = num_keys16 / 2;
-  // Scratch holds floats; each one holds a weight pair here.
-  uint32_t* w = reinterpret_cast<uint32_t*>(Scratch(kSlotBf16Weights, group * w_stride));
+  // kWiden: one F32 weight per key; otherwise a BF16 pair per dword (each float of Scratch holds
+  // one pair).
+  const size_t w_stride = kWiden ? num_keys16 : num_keys16 / 2;
+  float* wf = Scratch(kSlotBf16Weights, group * w_stride);
+  uint32_t* w = reinterpret_cast<uint32_t*>(wf);
   for (size_t key = 0; key < num_keys16; key += 16) {
     const __m512 scale =
         IsFp8Reader(kR) ? LoadRowScales(DF(), values.rows + key).raw : _mm512_set1_ps(1.0f);
     for (int j = 0; j < group; ++j) {
       const __m512 pj = _mm512_loadu_ps(p + j * p_stride + key);
-      const __m256bh bf = _mm512_cvtneps_pbh(IsFp8Reader(kR) ? _mm512_mul_ps(pj, scale) : pj);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(w + j * w_stride + key / 2), (__m256i)bf);
+      const __m512 weight = IsFp8Reader(kR) ? _mm512_mul_ps(pj, scale) : pj;
+      if constexpr (kWiden) {
+        _mm512_storeu_ps(wf + j * w_stride + key, weight);
+      } else {
+        const __m256bh bf = _mm512_cvtneps_pbh(weight);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(w + j * w_stride + key / 2), (__m256i)bf);
+      }
     }
   }
   const Fp8Lookup lookup = IsFp8Reader(kR) ? MakeFp8Lookup<kR>() : Fp8Lookup{};
-  const size_t num_pairs = (num_keys + 1) / 2;
+  const size_t count = kWiden ? num_keys : (num_keys + 1) / 2;  // keys, or pairs of them
   int j = 0;  // heads by 4, 2, 1 (as Bf16ScoreTileOf)
   for (; j + 4 <= group; j += 4) {
-    Bf16AccumulateRows<kR, 4>(values, num_pairs, w + j * w_stride, w_stride, head_dim, lookup,
-                              state + j * state_stride, state_stride);
+    Bf16AccumulateRows<kR, kWiden, 4>(values, count, w + j * w_stride, w_stride, head_dim, lookup,
+                                      state + j * state_stride, state_stride);
   }
   for (; j + 2 <= group; j += 2) {
-    Bf16AccumulateRows<kR, 2>(values, num_pairs, w + j * w_stride, w_stride, head_dim, lookup,
-                              state + j * state_stride, state_stride);
+    Bf16AccumulateRows<kR, kWiden, 2>(values, count, w + j * w_stride, w_stride, head_dim, lookup,
+                                      state + j * state_stride, state_stride);
   }
   for (; j < group; ++j) {
-    Bf16AccumulateRows<kR, 1>(values, num_pairs, w + j * w_stride, w_stride, head_dim, lookup,
-                              state + j * state_stride, state_stride);
+    Bf16AccumulateRows<kR, kWiden, 1>(values, count, w + j * w_stride, w_stride, head_dim, lookup,
+                                      state + j * state_stride, state_stride);
   }
+}
+
+template <Reader kR>
+void Bf16AccumulateTileIn(const Bf16Plan& plan, const RowSet& values, size_t num_keys,
+                          const float* p, size_t p_stride, int group, size_t head_dim, float* state,
+                          size_t state_stride) {
+  if (plan.widen) {
+    return Bf16AccumulateTileOf<kR, true>(values, num_keys, p, p_stride, group, head_dim, state,
+                                          state_stride);
+  }
+  Bf16AccumulateTileOf<kR, false>(values, num_keys, p, p_stride, group, head_dim, state,
+                                  state_stride);
 }
 
 // Weighted sum of a tile's values (rows padded to a multiple of 16) into the running states of
@@ -394,23 +555,15 @@ void Bf16AccumulateTile(const Bf16Plan& plan, const RowSet& values, size_t num_k
                         size_t state_stride) {
   switch (plan.value_reader) {
     case Reader::kFp8E4M3:
-      return Bf16AccumulateTileOf<Reader::kFp8E4M3>(values, num_keys, p, p_stride, group, head_dim,
-                                                    state, state_stride);
+      return Bf16AccumulateTileIn<Reader::kFp8E4M3>(plan, values, num_keys, p, p_stride, group,
+                                                    head_dim, state, state_stride);
     case Reader::kFp8E5M2:
-      return Bf16AccumulateTileOf<Reader::kFp8E5M2>(values, num_keys, p, p_stride, group, head_dim,
-                                                    state, state_stride);
+      return Bf16AccumulateTileIn<Reader::kFp8E5M2>(plan, values, num_keys, p, p_stride, group,
+                                                    head_dim, state, state_stride);
     default:
-      return Bf16AccumulateTileOf<Reader::kBF16>(values, num_keys, p, p_stride, group, head_dim,
-                                                 state, state_stride);
+      return Bf16AccumulateTileIn<Reader::kBF16>(plan, values, num_keys, p, p_stride, group,
+                                                 head_dim, state, state_stride);
   }
-}
-
-// Where element e of a row sits in a state accumulated by Bf16AccumulateTile: within each
-// 32-element chunk, the 16-bit unpacks put element 8 L + 4 h + i (128-bit lane L, half h) in
-// slot 16 h + 4 L + i.
-inline size_t Bf16Slot(size_t e) {
-  const size_t in_chunk = e % kBf16Chunk, lane = in_chunk / 8, half = in_chunk / 4 % 2;
-  return e - in_chunk + 16 * half + 4 * lane + in_chunk % 4;
 }
 
 // A task's `group` states [group, state_stride] from Bf16AccumulateTile's order back to element
@@ -428,10 +581,11 @@ void Bf16OrderToElements(int group, size_t head_dim, float* state, size_t state_
 
 #else  // not AVX3: the float readers everywhere
 
-Bf16Plan PlanBf16(const SideSpec&, const SideSpec&, size_t, size_t) { return {}; }
+Bf16Plan PlanBf16(const SideSpec&, const SideSpec&, size_t, size_t, int) { return {}; }
 void Bf16PrepareQueries(const float*, int, size_t, uint16_t*) {}
-void Bf16ScoreTile(const Bf16Plan&, const RowSet&, const RowSet&, size_t, const uint16_t*, int,
-                   size_t, float*, size_t) {}
+void Bf16WidenQueries(const float*, int, size_t, float*) {}
+void Bf16ScoreTile(const Bf16Plan&, const RowSet&, const RowSet&, size_t, const uint16_t*,
+                   const float*, int, size_t, float*, size_t) {}
 void Bf16AccumulateTile(const Bf16Plan&, const RowSet&, size_t, const float*, size_t, int, size_t,
                         float*, size_t) {}
 void Bf16OrderToElements(int, size_t, float*, size_t) {}

@@ -3,6 +3,8 @@
 // use Attention(), which checks the arguments these assume.
 #pragma once
 
+#include <cstdint>
+
 #include "base/thread_pool.h"
 #include "kvstack/kv_view.h"
 #include "run/attention.h"
@@ -25,6 +27,13 @@ void PrefillAttention(const KvLayerView& view, const float* q, int num_queries,
 // it between calls.
 void DisableDotProductReadersForTest(bool disabled);
 bool DotProductReadersDisabledForTest();
+
+// Tests only: how the BF16 readers (attention_bf16-inl.h) multiply where they run: as this CPU's
+// instruction costs choose (kMeasured), always by vdpbf16ps (kDot), or always by widening to F32
+// and FMAs (kWiden), so that both are tested on every CPU that has them. Same contract as above.
+enum class Bf16MultiplyForTest : uint8_t { kMeasured, kDot, kWiden };
+void SetBf16MultiplyForTest(Bf16MultiplyForTest how);
+Bf16MultiplyForTest Bf16MultiplySetForTest();
 
 // Tests only: whether the AMX tile multiplies (attention_amx-inl.h) are switched off, so that the
 // VNNI readers they replace on CPUs with AMX are tested there too. Same contract as above.

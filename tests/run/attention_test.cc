@@ -304,22 +304,33 @@ TEST(AttentionTest, Bf16CodecsAtEveryGroupAndWidth) {
   // The BF16 dot-product readers' shapes (on CPUs with AVX512_BF16): query heads in steps of 4,
   // 2 and 1, head_dim in slices of 1 to 8 chunks of 32 (48 takes the float readers: not whole
   // chunks), an odd number of keys in the last tile (value rows go in pairs), BF16 on one side
-  // or both, sinks and pending tokens. Twice: with the dot-product readers, with the float readers.
-  // Where the CPU has them, the two must also differ where the query is rounded (the queries lie
-  // on a grid of powers of two times 1/sqrt(head_dim), BF16 values at head_dim 64 and 256):
-  // equal outputs would mean the dot-product readers never ran.
+  // or both, FP8 (the same readers), sinks and pending tokens. Three times: the BF16 readers by
+  // vdpbf16ps, the same widened to F32 FMAs, the float readers. Where the CPU has them, the first
+  // and the last must also differ where the query is rounded (the queries lie on a grid of powers
+  // of two times 1/sqrt(head_dim), BF16 values at head_dim 64 and 256): equal outputs would mean
+  // the dot-product readers never ran.
 #if defined(__x86_64__)
   const bool cpu_has_bf16 = __builtin_cpu_supports("avx512bf16");
 #else
   const bool cpu_has_bf16 = false;
 #endif
+  // The widened readers (F32 FMAs, nothing rounded) must match the reference as the float
+  // readers do.
   ThreadPool pool(2);
   for (int head_dim : {32, 48, 64, 96, 128, 256}) {
-    for (const auto& [k, v] : {std::pair{"bf16", "bf16"}, {"bf16", "f32"}, {"f16", "bf16"}}) {
+    for (const auto& [k, v] : {std::pair{"bf16", "bf16"},
+                               {"bf16", "f32"},
+                               {"f16", "bf16"},
+                               {"fp8_e4m3", "fp8_e5m2"},
+                               {"fp8_e5m2", "fp8_e4m3"}}) {
       for (int group : {1, 3, 4, 5, 8}) {
         const Case c = ReadersCase(701, 2, group, head_dim, k, v);
         ThreadPool* threads = group % 2 == 0 ? &pool : nullptr;
+        SetBf16MultiplyForTest(Bf16MultiplyForTest::kDot);
         const std::vector<float> dot = RunAndCompare(c, {LayoutKind::kPaged, 64}, threads);
+        SetBf16MultiplyForTest(Bf16MultiplyForTest::kWiden);
+        RunAndCompare(c, {LayoutKind::kPaged, 64}, threads);
+        SetBf16MultiplyForTest(Bf16MultiplyForTest::kMeasured);
         DisableDotProductReadersForTest(true);
         const std::vector<float> by_floats = RunAndCompare(c, {LayoutKind::kPaged, 64}, threads);
         DisableDotProductReadersForTest(false);
@@ -408,20 +419,21 @@ TEST(AttentionTest, QuantisedReadersOnEverySimdTarget) {
 
 // Runs one token's attention on every SIMD target: each query head's output is then its kv
 // head's value row as stored, which must equal the reference's, NaNs and infinities included.
-// Returns the number of NaNs in the reference's output.
+// Returns the number of NaNs in the reference's output per query head of a kv head.
 int ExpectStoredValuesOnEveryTarget(const Case& c, const std::vector<float>& v) {
   const std::vector<float> k = RandomVector(v.size(), 1.0f, 1);
   const TestCache cache = BuildCache(k, v, c, kPaged16);
-  const std::vector<float> q = RandomVector(v.size(), 1.0f, 3);
-  const AttentionParams params{c.num_kv_heads, 0.1f};
-  std::vector<float> expected(v.size());
+  const size_t out_size = v.size() * c.group;
+  const std::vector<float> q = RandomVector(out_size, 1.0f, 3);
+  const AttentionParams params{c.num_kv_heads * c.group, 0.1f};
+  std::vector<float> expected(out_size);
   AttentionReference(cache.view, q.data(), 1, params, expected.data());
   for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);
     SCOPED_TRACE(c.v_codec + " on " + hwy::TargetName(target));
-    std::vector<float> out(v.size(), -12345.0f);
+    std::vector<float> out(out_size, -12345.0f);
     Attention(cache.view, q.data(), 1, params, out.data(), nullptr);
-    for (size_t i = 0; i < v.size(); ++i) {
+    for (size_t i = 0; i < out_size; ++i) {
       if (std::isnan(expected[i])) {
         EXPECT_TRUE(std::isnan(out[i])) << "element " << i << ": " << out[i];
       } else if (std::isinf(expected[i])) {
@@ -433,8 +445,9 @@ int ExpectStoredValuesOnEveryTarget(const Case& c, const std::vector<float>& v) 
     }
   }
   hwy::SetSupportedTargetsForTest(0);  // back to the machine's own
-  return static_cast<int>(
-      std::count_if(expected.begin(), expected.end(), [](float x) { return std::isnan(x); }));
+  return static_cast<int>(std::count_if(expected.begin(), expected.end(),
+                                        [](float x) { return std::isnan(x); })) /
+         c.group;
 }
 
 TEST(AttentionTest, Fp8ReadersDecodeEveryCodeOnEverySimdTarget) {
@@ -447,23 +460,32 @@ TEST(AttentionTest, Fp8ReadersDecodeEveryCodeOnEverySimdTarget) {
     float max_finite;
     int nan_codes;
   };
-  for (const Format& f : {Format{"fp8_e4m3", &Fp8E4M3ToF32, 448.0f, 2},
-                          Format{"fp8_e5m2", &Fp8E5M2ToF32, 57344.0f, 6}}) {
-    Case c;
-    c.num_tokens = 1;
-    c.num_kv_heads = 4;
-    c.head_dim = 128;
-    c.v_codec = f.codec;
-    std::vector<float> v(static_cast<size_t>(c.num_kv_heads) * c.head_dim, 0.0f);
-    for (int h = 0; h < c.num_kv_heads; ++h) {
-      for (int e = 0; e < 64; ++e) {
-        const float x = f.decode(static_cast<uint8_t>(64 * h + e));
-        v[h * c.head_dim + e] = std::isinf(x) ? 0.0f : x;
+  // Both ways the BF16 readers multiply (where the CPU has them), one query head and four.
+  for (const auto& [how, group] : {std::pair{Bf16MultiplyForTest::kDot, 1},
+                                   {Bf16MultiplyForTest::kWiden, 1},
+                                   {Bf16MultiplyForTest::kWiden, 4}}) {
+    SetBf16MultiplyForTest(how);
+    SCOPED_TRACE(how == Bf16MultiplyForTest::kDot ? "vdpbf16ps" : "widened");
+    for (const Format& f : {Format{"fp8_e4m3", &Fp8E4M3ToF32, 448.0f, 2},
+                            Format{"fp8_e5m2", &Fp8E5M2ToF32, 57344.0f, 6}}) {
+      Case c;
+      c.num_tokens = 1;
+      c.num_kv_heads = 4;
+      c.head_dim = 128;
+      c.v_codec = f.codec;
+      std::vector<float> v(static_cast<size_t>(c.num_kv_heads) * c.head_dim, 0.0f);
+      for (int h = 0; h < c.num_kv_heads; ++h) {
+        for (int e = 0; e < 64; ++e) {
+          const float x = f.decode(static_cast<uint8_t>(64 * h + e));
+          v[h * c.head_dim + e] = std::isinf(x) ? 0.0f : x;
+        }
+        v[h * c.head_dim + 64] = f.max_finite;
       }
-      v[h * c.head_dim + 64] = f.max_finite;
+      c.group = group;
+      EXPECT_EQ(ExpectStoredValuesOnEveryTarget(c, v), f.nan_codes) << f.codec;
     }
-    EXPECT_EQ(ExpectStoredValuesOnEveryTarget(c, v), f.nan_codes) << f.codec;
   }
+  SetBf16MultiplyForTest(Bf16MultiplyForTest::kMeasured);
 }
 
 TEST(AttentionTest, F16ReaderKeepsInfinitiesAndNaNsOnEverySimdTarget) {
