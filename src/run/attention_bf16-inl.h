@@ -286,6 +286,14 @@ KVS_BF16_ATTR HWY_INLINE __m512bh LoadChunk(const std::byte* row, size_t e, cons
   }
 }
 
+// A BF16 chunk as F32 in the order of Bf16Slot: each BF16 is the high half of its F32, so a 16-bit
+// unpack with zeros widens it exactly.
+KVS_BF16_ATTR HWY_INLINE void WidenChunk(__m512bh chunk, __m512* lo, __m512* hi) {
+  const __m512i zero = _mm512_setzero_si512();
+  *lo = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, (__m512i)chunk));
+  *hi = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, (__m512i)chunk));
+}
+
 // Scores of keys key0 .. key0 + 3 (rows of reader kR) against kNumQ query heads q: [kNumQ,
 // head_dim] BF16, written to s[j * s_stride + key0 + key].
 template <Reader kR, bool kWiden, int kNumQ>
@@ -303,12 +311,7 @@ KVS_BF16_ATTR HWY_INLINE void Bf16ScoreFourRows(const RowSet& keys, size_t key0,
     for (int key = 0; key < 4; ++key) k[key] = LoadChunk<kR>(keys.rows[key0 + key], e, lookup);
     if constexpr (kWiden) {
       __m512 lo[4], hi[4];
-      for (int key = 0; key < 4; ++key) {
-        lo[key] =
-            _mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), (__m512i)k[key]));
-        hi[key] =
-            _mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), (__m512i)k[key]));
-      }
+      for (int key = 0; key < 4; ++key) WidenChunk(k[key], &lo[key], &hi[key]);
       for (int j = 0; j < kNumQ; ++j) {
         const __m512 qlo = _mm512_loadu_ps(qw + j * head_dim + e);
         const __m512 qhi = _mm512_loadu_ps(qw + j * head_dim + e + 16);
@@ -390,10 +393,11 @@ void Bf16ScoreTile(const Bf16Plan& plan, const RowSet& keys, const RowSet& value
 }
 
 // state_j[e0, e0 + 32 kChunks) += the tile's weighted values (rows of reader kR), in the order of
-// the file comment, for kNumQ query heads with weight pairs w: [kNumQ][w_stride] (BF16 (p_2i,
-// p_2i+1) per dword; for FP8 rows each weight includes its row's scale).
+// the file comment, for kNumQ query heads with weights w: [kNumQ][w_stride], one F32 per key
+// (kWiden) or a BF16 pair (p_2i, p_2i+1) per dword; for FP8 rows each weight includes its row's
+// scale. count: keys (kWiden) or pairs of keys.
 template <Reader kR, bool kWiden, int kNumQ, int kChunks>
-KVS_BF16_ATTR HWY_INLINE void Bf16AccumulateSlice(const RowSet& values, size_t num_pairs,
+KVS_BF16_ATTR HWY_INLINE void Bf16AccumulateSlice(const RowSet& values, size_t count,
                                                   const uint32_t* w, size_t w_stride, size_t e0,
                                                   const Fp8Lookup& lookup, float* state,
                                                   size_t state_stride) {
@@ -405,53 +409,51 @@ KVS_BF16_ATTR HWY_INLINE void Bf16AccumulateSlice(const RowSet& values, size_t n
       }
     }
   }
-  constexpr size_t kElementBytes = kR == Reader::kBF16 ? sizeof(uint16_t) : 1;
-  const size_t offset = (kR == Reader::kBF16 ? 0 : sizeof(uint16_t)) + e0 * kElementBytes;
-  if constexpr (kWiden) {  // num_pairs counts keys here; w holds one F32 weight per key
+  if constexpr (kWiden) {  // count keys, one F32 weight each
     const float* wf = reinterpret_cast<const float*>(w);
-    for (size_t key = 0; key < num_pairs; ++key) {
-      const std::byte* row = values.rows[key];
+    for (size_t key = 0; key < count; ++key) {
       __m512 wv[kNumQ];
       for (int j = 0; j < kNumQ; ++j) wv[j] = _mm512_set1_ps(wf[j * w_stride + key]);
       for (int c = 0; c < kChunks; ++c) {
-        const __m512i bits = (__m512i)LoadChunk<kR>(row, e0 + c * kBf16Chunk, lookup);
-        const __m512 lo = _mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), bits));
-        const __m512 hi = _mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), bits));
+        __m512 lo, hi;
+        WidenChunk(LoadChunk<kR>(values.rows[key], e0 + c * kBf16Chunk, lookup), &lo, &hi);
         for (int j = 0; j < kNumQ; ++j) {
           acc[j][c][0] = _mm512_fmadd_ps(lo, wv[j], acc[j][c][0]);
           acc[j][c][1] = _mm512_fmadd_ps(hi, wv[j], acc[j][c][1]);
         }
       }
     }
-    num_pairs = 0;
-  }
-  for (size_t pair = 0; pair < num_pairs; ++pair) {
-    const std::byte* first = values.rows[2 * pair] + offset;
-    const std::byte* second = values.rows[2 * pair + 1] + offset;
-    __m512bh wv[kNumQ];
-    for (int j = 0; j < kNumQ; ++j) {
-      const __m512i bits = _mm512_set1_epi32(static_cast<int>(w[j * w_stride + pair]));
-      wv[j] = AsBf16(bits);
-    }
-    for (int c = 0; c < kChunks; ++c) {
-      __m512i lo, hi;  // (v_t[e], v_t+1[e]) per dword, in the 16-bit unpacks' order
-      if constexpr (kR == Reader::kBF16) {
-        const __m512i a = _mm512_loadu_si512(first + c * kBf16Chunk * kElementBytes);
-        const __m512i b = _mm512_loadu_si512(second + c * kBf16Chunk * kElementBytes);
-        lo = _mm512_unpacklo_epi16(a, b);
-        hi = _mm512_unpackhi_epi16(a, b);
-      } else {
-        const auto load = [&](const std::byte* row) {
-          return _mm512_castsi256_si512(
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c * kBf16Chunk)));
-        };
-        const __m512i a = load(first), b = load(second);
-        lo = Fp8WordsToBf16(_mm512_permutex2var_epi8(a, lookup.pair[0], b), lookup);
-        hi = Fp8WordsToBf16(_mm512_permutex2var_epi8(a, lookup.pair[1], b), lookup);
-      }
+  } else {  // count pairs of keys, a BF16 weight pair each
+    constexpr size_t kElementBytes = kR == Reader::kBF16 ? sizeof(uint16_t) : 1;
+    const size_t offset = (kR == Reader::kBF16 ? 0 : sizeof(uint16_t)) + e0 * kElementBytes;
+    for (size_t pair = 0; pair < count; ++pair) {
+      const std::byte* first = values.rows[2 * pair] + offset;
+      const std::byte* second = values.rows[2 * pair + 1] + offset;
+      __m512bh wv[kNumQ];
       for (int j = 0; j < kNumQ; ++j) {
-        acc[j][c][0] = _mm512_dpbf16_ps(acc[j][c][0], AsBf16(lo), wv[j]);
-        acc[j][c][1] = _mm512_dpbf16_ps(acc[j][c][1], AsBf16(hi), wv[j]);
+        const __m512i bits = _mm512_set1_epi32(static_cast<int>(w[j * w_stride + pair]));
+        wv[j] = AsBf16(bits);
+      }
+      for (int c = 0; c < kChunks; ++c) {
+        __m512i lo, hi;  // (v_t[e], v_t+1[e]) per dword, in the 16-bit unpacks' order
+        if constexpr (kR == Reader::kBF16) {
+          const __m512i a = _mm512_loadu_si512(first + c * kBf16Chunk * kElementBytes);
+          const __m512i b = _mm512_loadu_si512(second + c * kBf16Chunk * kElementBytes);
+          lo = _mm512_unpacklo_epi16(a, b);
+          hi = _mm512_unpackhi_epi16(a, b);
+        } else {
+          const auto load = [&](const std::byte* row) {
+            return _mm512_castsi256_si512(
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c * kBf16Chunk)));
+          };
+          const __m512i a = load(first), b = load(second);
+          lo = Fp8WordsToBf16(_mm512_permutex2var_epi8(a, lookup.pair[0], b), lookup);
+          hi = Fp8WordsToBf16(_mm512_permutex2var_epi8(a, lookup.pair[1], b), lookup);
+        }
+        for (int j = 0; j < kNumQ; ++j) {
+          acc[j][c][0] = _mm512_dpbf16_ps(acc[j][c][0], AsBf16(lo), wv[j]);
+          acc[j][c][1] = _mm512_dpbf16_ps(acc[j][c][1], AsBf16(hi), wv[j]);
+        }
       }
     }
   }
@@ -469,11 +471,11 @@ template <Reader kR, bool kWiden, int kNumQ>
 struct Bf16Slices {
   template <int kChunks>
   KVS_BF16_ATTR void operator()(size_t first) const {
-    Bf16AccumulateSlice<kR, kWiden, kNumQ, kChunks>(
-        values, num_pairs, w, w_stride, first * kBf16Chunk, lookup, state, state_stride);
+    Bf16AccumulateSlice<kR, kWiden, kNumQ, kChunks>(values, count, w, w_stride, first * kBf16Chunk,
+                                                    lookup, state, state_stride);
   }
   const RowSet& values;
-  size_t num_pairs;
+  size_t count;
   const uint32_t* w;
   size_t w_stride;
   const Fp8Lookup& lookup;
@@ -485,13 +487,13 @@ struct Bf16Slices {
 // then the rest by ForEachSlice, so that each value row is passed over as few times as the
 // registers allow.
 template <Reader kR, bool kWiden, int kNumQ>
-KVS_BF16_ATTR HWY_INLINE void Bf16AccumulateRows(const RowSet& values, size_t num_pairs,
+KVS_BF16_ATTR HWY_INLINE void Bf16AccumulateRows(const RowSet& values, size_t count,
                                                  const uint32_t* w, size_t w_stride,
                                                  size_t head_dim, const Fp8Lookup& lookup,
                                                  float* state, size_t state_stride) {
   ForEachSlice<8 / kNumQ>(
       head_dim / kBf16Chunk,
-      Bf16Slices<kR, kWiden, kNumQ>{values, num_pairs, w, w_stride, lookup, state, state_stride});
+      Bf16Slices<kR, kWiden, kNumQ>{values, count, w, w_stride, lookup, state, state_stride});
 }
 
 template <Reader kR, bool kWiden>
