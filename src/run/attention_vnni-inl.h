@@ -445,57 +445,64 @@ KVS_VNNI_ATTR HWY_INLINE void LoadColumns(const std::byte* const* base, size_t o
   }
 }
 
-// Scores of 16 keys (columns `cols`) against kNumQ query heads, written to s[j * s_stride].
+// Scores of 16 keys against kNumQ query heads over the element blocks [b_begin, b_end), whose
+// columns start at cols[0]: written to s[j * s_stride], or added there if `accumulate`. A group's
+// minimum term goes in with its last block.
 // kPrecise: with the query's low bytes (int8 keys); otherwise hi alone (see the file comment).
 template <int kBits, int kNumQ, bool kPrecise, int kBlockElems>
-KVS_VNNI_ATTR HWY_INLINE void ScoreColumns(const VnniPlan& plan, const __m512i* cols,
-                                           const __m512* scale, const __m512* min,
-                                           const VnniQuery* q, float* s, size_t s_stride) {
+KVS_VNNI_ATTR HWY_INLINE void ScoreColumns(const VnniPlan& plan, const __m512i* cols, int b_begin,
+                                           int b_end, const __m512* scale, const __m512* min,
+                                           const VnniQuery* q, bool accumulate, float* s,
+                                           size_t s_stride) {
   constexpr int kParts = 8 / kBits;
   constexpr int kColsPerBlock = kBlockElems / (4 * kParts);
   const int blocks_per_group = plan.group_elems / kBlockElems;
-  const int num_groups = plan.num_groups;
+  const int col0 = b_begin * kColsPerBlock;
   const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << kBits) - 1));
   const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
   __m512 total[kNumQ];
-  for (int j = 0; j < kNumQ; ++j) total[j] = _mm512_setzero_ps();
-  for (int g = 0, b = 0; g < num_groups; ++g) {
-    for (int b_end = b + blocks_per_group; b < b_end; ++b) {
-      __m512i hi[kNumQ], lo[kNumQ];
-      for (int j = 0; j < kNumQ; ++j) hi[j] = lo[j] = _mm512_setzero_si512();
+  for (int j = 0; j < kNumQ; ++j) {
+    total[j] = accumulate ? _mm512_loadu_ps(s + j * s_stride) : _mm512_setzero_ps();
+  }
+  for (int b = b_begin; b < b_end; ++b) {
+    const int g = b / blocks_per_group;
+    __m512i hi[kNumQ], lo[kNumQ];
+    for (int j = 0; j < kNumQ; ++j) hi[j] = lo[j] = _mm512_setzero_si512();
 #pragma GCC unroll 8
-      for (int c = b * kColsPerBlock; c < (b + 1) * kColsPerBlock; ++c) {
+    for (int c = b * kColsPerBlock; c < (b + 1) * kColsPerBlock; ++c) {
 #pragma GCC unroll 4
-        for (int r = 0; r < kParts; ++r) {
-          __m512i u;
-          if constexpr (kBits == 8) {
-            u = _mm512_xor_si512(cols[c], sign);  // s8 codes + 128: unsigned
-          } else {
-            u = _mm512_and_si512(r == 0 ? cols[c] : _mm512_srli_epi32(cols[c], r * kBits), mask);
-          }
-          for (int j = 0; j < kNumQ; ++j) {
-            hi[j] = _mm512_dpbusd_epi32(hi[j], u, _mm512_set1_epi32(q[j].hi[c * kParts + r]));
-            if constexpr (kPrecise) {
-              lo[j] = _mm512_dpbusd_epi32(lo[j], u, _mm512_set1_epi32(q[j].lo[c * kParts + r]));
-            }
-          }
-        }
-      }
-      for (int j = 0; j < kNumQ; ++j) {
-        // hi alone: its step is 256 block_scale (exact), which saves the shift.
-        __m512i acc = kPrecise ? _mm512_add_epi32(_mm512_slli_epi32(hi[j], 8), lo[j]) : hi[j];
+      for (int r = 0; r < kParts; ++r) {
+        const __m512i col = cols[c - col0];
+        __m512i u;
         if constexpr (kBits == 8) {
-          acc = _mm512_sub_epi32(acc, _mm512_set1_epi32(q[j].correction[b]));
+          u = _mm512_xor_si512(col, sign);  // s8 codes + 128: unsigned
+        } else {
+          u = _mm512_and_si512(r == 0 ? col : _mm512_srli_epi32(col, r * kBits), mask);
         }
-        const __m512 block_scale =
-            _mm512_set1_ps(kPrecise ? q[j].block_scale[b] : 256.0f * q[j].block_scale[b]);
-        total[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(scale[g], block_scale),
-                                   total[j]);
+        for (int j = 0; j < kNumQ; ++j) {
+          hi[j] = _mm512_dpbusd_epi32(hi[j], u, _mm512_set1_epi32(q[j].hi[c * kParts + r]));
+          if constexpr (kPrecise) {
+            lo[j] = _mm512_dpbusd_epi32(lo[j], u, _mm512_set1_epi32(q[j].lo[c * kParts + r]));
+          }
+        }
       }
     }
+    for (int j = 0; j < kNumQ; ++j) {
+      // hi alone: its step is 256 block_scale (exact), which saves the shift.
+      __m512i acc = kPrecise ? _mm512_add_epi32(_mm512_slli_epi32(hi[j], 8), lo[j]) : hi[j];
+      if constexpr (kBits == 8) {
+        acc = _mm512_sub_epi32(acc, _mm512_set1_epi32(q[j].correction[b]));
+      }
+      const __m512 block_scale =
+          _mm512_set1_ps(kPrecise ? q[j].block_scale[b] : 256.0f * q[j].block_scale[b]);
+      total[j] =
+          _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(scale[g], block_scale), total[j]);
+    }
     if constexpr (kBits != 8) {
-      for (int j = 0; j < kNumQ; ++j) {
-        total[j] = _mm512_fmadd_ps(min[g], _mm512_set1_ps(q[j].group_sum[g]), total[j]);
+      if ((b + 1) % blocks_per_group == 0) {
+        for (int j = 0; j < kNumQ; ++j) {
+          total[j] = _mm512_fmadd_ps(min[g], _mm512_set1_ps(q[j].group_sum[g]), total[j]);
+        }
       }
     }
   }
@@ -535,28 +542,39 @@ KVS_VNNI_ATTR void VnniScoreTileBits(const VnniPlan& plan, const RowSet& keys, c
                                      size_t num_keys, const VnniQuery* q, int group, float* s,
                                      size_t s_stride) {
   const int code_dwords = static_cast<int>(plan.head_dim) * kBits / 32;
+  constexpr int kColsPerBlock = kBlockElems * kBits / 32;
   for (size_t key0 = 0; key0 < num_keys; key0 += 16) {
     for (size_t k = key0; k < key0 + 16; k += 4) {
       PrefetchAhead(keys, k, num_keys);
       PrefetchAhead(values, k, num_keys);
     }
-    __m512i cols[kVnniMaxHeadDim / 4];
-    LoadColumns(keys.rows + key0, plan.code_offset, code_dwords, cols);
     __m512 scale[16], min[16];
     LoadGroupScales(plan, keys, key0, scale, min);
-    // (No lambda: it would not carry this function's target attribute.)
-    int j = 0;
-    for (; j + 4 <= group; j += 4) {
-      ScoreColumns<kBits, 4, kBits == 8, kBlockElems>(plan, cols, scale, min, q + j,
-                                                      s + j * s_stride + key0, s_stride);
-    }
-    for (; j + 2 <= group; j += 2) {
-      ScoreColumns<kBits, 2, kBits == 8, kBlockElems>(plan, cols, scale, min, q + j,
-                                                      s + j * s_stride + key0, s_stride);
-    }
-    for (; j < group; ++j) {
-      ScoreColumns<kBits, 1, kBits == 8, kBlockElems>(plan, cols, scale, min, q + j,
-                                                      s + j * s_stride + key0, s_stride);
+    // At most 16 columns at a time (one 16x16 transpose), so that they, the accumulators and
+    // the query broadcasts fit in the 32 vector registers (int8 at head_dim 128 has 32).
+    for (int c0 = 0; c0 < code_dwords; c0 += 16) {
+      const int n = std::min(16, code_dwords - c0);
+      __m512i cols[16];
+      LoadColumns(keys.rows + key0, plan.code_offset + 4 * static_cast<size_t>(c0), n, cols);
+      const int b_begin = c0 / kColsPerBlock, b_end = (c0 + n) / kColsPerBlock;
+      const bool accumulate = c0 > 0;
+      // (No lambda: it would not carry this function's target attribute.)
+      int j = 0;
+      for (; j + 4 <= group; j += 4) {
+        ScoreColumns<kBits, 4, kBits == 8, kBlockElems>(plan, cols, b_begin, b_end, scale, min,
+                                                        q + j, accumulate, s + j * s_stride + key0,
+                                                        s_stride);
+      }
+      for (; j + 2 <= group; j += 2) {
+        ScoreColumns<kBits, 2, kBits == 8, kBlockElems>(plan, cols, b_begin, b_end, scale, min,
+                                                        q + j, accumulate, s + j * s_stride + key0,
+                                                        s_stride);
+      }
+      for (; j < group; ++j) {
+        ScoreColumns<kBits, 1, kBits == 8, kBlockElems>(plan, cols, b_begin, b_end, scale, min,
+                                                        q + j, accumulate, s + j * s_stride + key0,
+                                                        s_stride);
+      }
     }
   }
 }
@@ -664,6 +682,7 @@ KVS_VNNI_ATTR void VnniScoreTileKivi(const VnniPlan& plan, const RowSet& keys, c
                                      size_t s_stride) {
   const size_t head_dim = plan.head_dim;
   const int code_dwords = static_cast<int>(head_dim) * kBits / 32;
+  const int num_blocks = static_cast<int>(head_dim) / 32;
   thread_local std::vector<VnniQuery> unit_queries;
   thread_local std::vector<float> bias;  // [group] q . min of the unit
   unit_queries.resize(group);
@@ -690,14 +709,14 @@ KVS_VNNI_ATTR void VnniScoreTileKivi(const VnniPlan& plan, const RowSet& keys, c
       for (int j = 0; j < group;) {
         const int step = std::min(4, group - j);
         if (step == 4) {
-          ScoreColumns<kBits, 4, false, 32>(plan, cols, scale, min, &unit_queries[j], block_scores,
-                                            16);
+          ScoreColumns<kBits, 4, false, 32>(plan, cols, 0, num_blocks, scale, min, &unit_queries[j],
+                                            false, block_scores, 16);
         } else if (step >= 2) {
-          ScoreColumns<kBits, 2, false, 32>(plan, cols, scale, min, &unit_queries[j], block_scores,
-                                            16);
+          ScoreColumns<kBits, 2, false, 32>(plan, cols, 0, num_blocks, scale, min, &unit_queries[j],
+                                            false, block_scores, 16);
         } else {
-          ScoreColumns<kBits, 1, false, 32>(plan, cols, scale, min, &unit_queries[j], block_scores,
-                                            16);
+          ScoreColumns<kBits, 1, false, 32>(plan, cols, 0, num_blocks, scale, min, &unit_queries[j],
+                                            false, block_scores, 16);
         }
         const int done = step == 3 ? 2 : step;
         for (int jj = 0; jj < done; ++jj) {
