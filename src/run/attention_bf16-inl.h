@@ -294,8 +294,9 @@ KVS_BF16_ATTR HWY_INLINE void WidenChunk(__m512bh chunk, __m512* lo, __m512* hi)
   *hi = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, (__m512i)chunk));
 }
 
-// Scores of keys key0 .. key0 + 3 (rows of reader kR) against kNumQ query heads q: [kNumQ,
-// head_dim] BF16, written to s[j * s_stride + key0 + key].
+// Scores of keys key0 .. key0 + 3 (rows of reader kR) against kNumQ query heads, written to
+// s[j * s_stride + key0 + key]. The heads are q: [kNumQ, head_dim] BF16, or with kWiden qw:
+// [kNumQ, head_dim] F32 in the order of Bf16Slot; the other is not read.
 template <Reader kR, bool kWiden, int kNumQ>
 KVS_BF16_ATTR HWY_INLINE void Bf16ScoreFourRows(const RowSet& keys, size_t key0, const uint16_t* q,
                                                 const float* qw, size_t head_dim,
@@ -375,7 +376,8 @@ void Bf16ScoreTileIn(const Bf16Plan& plan, const RowSet& keys, const RowSet& val
 }
 
 // Scores of a tile's keys (rows padded to a multiple of 4) for the `group` query heads:
-//   q: [group, head_dim] BF16 (Bf16PrepareQueries); s: [group, s_stride]
+//   q: [group, head_dim] BF16 (Bf16PrepareQueries), read unless plan.widen;
+//   qw: [group, head_dim] F32 (Bf16WidenQueries), read if plan.widen; s: [group, s_stride]
 void Bf16ScoreTile(const Bf16Plan& plan, const RowSet& keys, const RowSet& values, size_t num_keys,
                    const uint16_t* q, const float* qw, int group, size_t head_dim, float* s,
                    size_t s_stride) {

@@ -445,6 +445,10 @@ KVS_VNNI_ATTR HWY_INLINE void LoadColumns(const std::byte* const* base, size_t o
   }
 }
 
+// Code columns (dwords of a row) per block of kBlockElems elements at kBits bits.
+template <int kBits, int kBlockElems>
+constexpr int kVnniColsPerBlock = kBlockElems* kBits / 32;
+
 // Scores of 16 keys against kNumQ query heads over the element blocks [b_begin, b_end), whose
 // columns start at cols[0]: written to s[j * s_stride], or added there if `accumulate`. A group's
 // minimum term goes in with its last block.
@@ -455,7 +459,7 @@ KVS_VNNI_ATTR HWY_INLINE void ScoreColumns(const VnniPlan& plan, const __m512i* 
                                            const VnniQuery* q, bool accumulate, float* s,
                                            size_t s_stride) {
   constexpr int kParts = 8 / kBits;
-  constexpr int kColsPerBlock = kBlockElems / (4 * kParts);
+  constexpr int kColsPerBlock = kVnniColsPerBlock<kBits, kBlockElems>;
   const int blocks_per_group = plan.group_elems / kBlockElems;
   const int col0 = b_begin * kColsPerBlock;
   const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << kBits) - 1));
@@ -542,7 +546,7 @@ KVS_VNNI_ATTR void VnniScoreTileBits(const VnniPlan& plan, const RowSet& keys, c
                                      size_t num_keys, const VnniQuery* q, int group, float* s,
                                      size_t s_stride) {
   const int code_dwords = static_cast<int>(plan.head_dim) * kBits / 32;
-  constexpr int kColsPerBlock = kBlockElems * kBits / 32;
+  constexpr int kColsPerBlock = kVnniColsPerBlock<kBits, kBlockElems>;
   for (size_t key0 = 0; key0 < num_keys; key0 += 16) {
     for (size_t k = key0; k < key0 + 16; k += 4) {
       PrefetchAhead(keys, k, num_keys);
