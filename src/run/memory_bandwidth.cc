@@ -6,15 +6,16 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <vector>
 
+#include "base/large_buffer.h"
 #include "kvstack/check.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "run/memory_bandwidth.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // Order matters: foreach_target.h must come before highway.h.
-#include "hwy/aligned_allocator.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -64,7 +65,10 @@ double MeasureReadBandwidth(size_t bytes, int repetitions, ThreadPool* pool) {
   const int num_threads = pool == nullptr ? 1 : pool->num_threads();
   const size_t n = bytes / sizeof(float);
   // Not value-initialised: the first write below is the per-thread one.
-  const hwy::AlignedFreeUniquePtr<float[]> data = hwy::AllocateAligned<float>(n);
+  // As the KV cache arenas are allocated (huge pages where the kernel gives them), so that the
+  // probe and the kernels it is compared with pay the same for their pages.
+  const std::unique_ptr<float[], LargeBufferFree> data(
+      static_cast<float*>(AllocateLargeBuffer(n * sizeof(float), 64)));
   KVS_CHECK(data != nullptr);
   // Each thread writes its own range first, so the pages are faulted in (and, on NUMA
   // machines, placed) before the timed passes.

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "base/large_buffer.h"
 #include "kvstack/check.h"
 #include "kvstack/kv_profile.h"
 #include "represent/hadamard.h"
@@ -38,11 +39,8 @@ constexpr size_t kMaxReservedBytes = size_t{64} << 30;  // 64 GiB: beyond that i
 // One arena of one layer: [num_kv_heads][num_blocks][units of a block], zeroed so that
 // unwritten rows decode to zeros rather than garbage (and NaNs) in every codec.
 absl::StatusOr<ArenaPtr> AllocateArena(size_t bytes) {
-  // At least one line: a joint layer's value arena has no bytes, and aligned_alloc(0) may
-  // return null.
-  const size_t rounded =
-      std::max<size_t>(1, (bytes + kArenaAlignment - 1) / kArenaAlignment) * kArenaAlignment;
-  auto* p = static_cast<std::byte*>(std::aligned_alloc(kArenaAlignment, rounded));
+  size_t rounded = 0;
+  auto* p = static_cast<std::byte*>(AllocateLargeBuffer(bytes, kArenaAlignment, &rounded));
   if (p == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("kv cache: could not allocate an arena of ", rounded, " bytes"));

@@ -14,16 +14,14 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "base/large_buffer.h"
 #include "kvstack/check.h"
 #include "kvstack/kv_cache.h"
 
 namespace kvstack {
 
-// Arenas come from std::aligned_alloc (64-byte aligned for the kernels).
-struct ArenaFree {
-  void operator()(std::byte* p) const { std::free(p); }
-};
-using ArenaPtr = std::unique_ptr<std::byte[], ArenaFree>;
+// Arenas come from AllocateLargeBuffer (64-byte aligned for the kernels; huge pages from 2 MiB).
+using ArenaPtr = std::unique_ptr<std::byte[], LargeBufferFree>;
 
 struct KvCache::Impl {
   // The F32 side buffers of one sequence in one layer.
