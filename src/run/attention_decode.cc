@@ -135,13 +135,18 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
   // (attention_amx-inl.h).
   const bool amx_keys = AmxKeysApply(vnni, group);
   const bool amx_values = AmxValuesApply(vnni_values, group);
-  // BF16 and FP8 keys and values on CPUs with AVX512_BF16 (attention_bf16-inl.h).
+  // BF16 and FP8 keys and values on CPUs with AVX512_BF16, E4M3 keys in FP16 where AVX512-FP16
+  // (attention_bf16-inl.h).
   const Bf16Plan bf16 = PlanBf16(k_side, v_side, head_dim, nd, group);
   thread_local std::vector<VnniQuery> vnni_queries;
   thread_local AmxQueries amx_queries;
   thread_local std::vector<uint16_t> bf16_queries;
-  thread_local std::vector<float> widened_queries;
-  if (bf16.keys && bf16.widen) {
+  thread_local std::vector<float> widened_queries, half_unscale;
+  if (bf16.half_keys) {
+    bf16_queries.resize(static_cast<size_t>(group) * head_dim);
+    half_unscale.resize(group);
+    HalfPrepareQueries(q, group, head_dim, bf16_queries.data(), half_unscale.data());
+  } else if (bf16.keys && bf16.widen) {
     widened_queries.resize(static_cast<size_t>(group) * head_dim);
     Bf16WidenQueries(q, group, head_dim, widened_queries.data());
   } else if (bf16.keys) {
@@ -173,8 +178,8 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
     } else if (vnni.ok) {
       VnniScoreTile(vnni, keys, values, num_keys, vnni_queries.data(), q, group, s, s_stride);
     } else if (bf16.keys) {
-      Bf16ScoreTile(bf16, keys, values, num_keys, bf16_queries.data(), widened_queries.data(),
-                    group, head_dim, s, s_stride);
+      Bf16ScoreTile(bf16, keys, values, num_keys, bf16_queries.data(), half_unscale.data(),
+                    widened_queries.data(), group, head_dim, s, s_stride);
     } else {
       score(keys, values, num_keys, q, group, head_dim, s, s_stride);
     }

@@ -305,10 +305,11 @@ TEST(AttentionTest, Bf16CodecsAtEveryGroupAndWidth) {
   // 2 and 1, head_dim in slices of 1 to 8 chunks of 32 (48 takes the float readers: not whole
   // chunks), an odd number of keys in the last tile (value rows go in pairs), BF16 on one side
   // or both, FP8 (the same readers), sinks and pending tokens. Three times: the BF16 readers by
-  // vdpbf16ps, the same widened to F32 FMAs, the float readers. Where the CPU has them, the first
-  // and the last must also differ where the query is rounded (the queries lie on a grid of powers
-  // of two times 1/sqrt(head_dim), BF16 values at head_dim 64 and 256): equal outputs would mean
-  // the dot-product readers never ran.
+  // vdpbf16ps, the same widened to F32 FMAs, the float readers (E4M3 keys, which take FP16 on
+  // CPUs with AVX512-FP16, also through the BF16 readers both ways). Where the CPU has them, the
+  // first and the last must also differ where the query is rounded (the queries lie on a grid of
+  // powers of two times 1/sqrt(head_dim), BF16 values at head_dim 64 and 256): equal outputs would
+  // mean the dot-product readers never ran.
 #if defined(__x86_64__)
   const bool cpu_has_bf16 = __builtin_cpu_supports("avx512bf16");
 #else
@@ -330,6 +331,13 @@ TEST(AttentionTest, Bf16CodecsAtEveryGroupAndWidth) {
         const std::vector<float> dot = RunAndCompare(c, {LayoutKind::kPaged, 64}, threads);
         SetBf16MultiplyForTest(Bf16MultiplyForTest::kWiden);
         RunAndCompare(c, {LayoutKind::kPaged, 64}, threads);
+        if (std::string(k) == "fp8_e4m3") {  // (above in FP16 where the CPU has AVX512-FP16)
+          DisableHalfKeysForTest(true);
+          RunAndCompare(c, {LayoutKind::kPaged, 64}, threads);
+          SetBf16MultiplyForTest(Bf16MultiplyForTest::kDot);
+          RunAndCompare(c, {LayoutKind::kPaged, 64}, threads);
+          DisableHalfKeysForTest(false);
+        }
         SetBf16MultiplyForTest(Bf16MultiplyForTest::kMeasured);
         DisableDotProductReadersForTest(true);
         const std::vector<float> by_floats = RunAndCompare(c, {LayoutKind::kPaged, 64}, threads);
@@ -420,17 +428,17 @@ TEST(AttentionTest, QuantisedReadersOnEverySimdTarget) {
 // Runs one token's attention on every SIMD target: each query head's output is then its kv
 // head's value row as stored, which must equal the reference's, NaNs and infinities included.
 // Returns the number of NaNs in the reference's output per query head of a kv head.
-int ExpectStoredValuesOnEveryTarget(const Case& c, const std::vector<float>& v) {
-  const std::vector<float> k = RandomVector(v.size(), 1.0f, 1);
-  const TestCache cache = BuildCache(k, v, c, kPaged16);
-  const size_t out_size = v.size() * c.group;
-  const std::vector<float> q = RandomVector(out_size, 1.0f, 3);
-  const AttentionParams params{c.num_kv_heads * c.group, 0.1f};
+// Runs one decode step of `cache` on every SIMD target this build has and expects the scalar
+// reference's output there: NaN where it has NaN, infinities exactly, else within 1e-6
+// (relative, from 1 on). Returns how many NaN outputs the reference has.
+int ExpectReferenceOnEveryTarget(const TestCache& cache, const std::vector<float>& q,
+                                 const AttentionParams& params, const std::string& what) {
+  const size_t out_size = q.size();
   std::vector<float> expected(out_size);
   AttentionReference(cache.view, q.data(), 1, params, expected.data());
   for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(c.v_codec + " on " + hwy::TargetName(target));
+    SCOPED_TRACE(what + " on " + hwy::TargetName(target));
     std::vector<float> out(out_size, -12345.0f);
     Attention(cache.view, q.data(), 1, params, out.data(), nullptr);
     for (size_t i = 0; i < out_size; ++i) {
@@ -445,9 +453,18 @@ int ExpectStoredValuesOnEveryTarget(const Case& c, const std::vector<float>& v) 
     }
   }
   hwy::SetSupportedTargetsForTest(0);  // back to the machine's own
-  return static_cast<int>(std::count_if(expected.begin(), expected.end(),
-                                        [](float x) { return std::isnan(x); })) /
-         c.group;
+  return static_cast<int>(
+      std::count_if(expected.begin(), expected.end(), [](float x) { return std::isnan(x); }));
+}
+
+// One decode step over values v stored with c.v_codec (random keys) on every target: each
+// stored value must come back as itself. Returns the NaN outputs per query head.
+int ExpectStoredValuesOnEveryTarget(const Case& c, const std::vector<float>& v) {
+  const std::vector<float> k = RandomVector(v.size(), 1.0f, 1);
+  const TestCache cache = BuildCache(k, v, c, kPaged16);
+  const std::vector<float> q = RandomVector(v.size() * c.group, 1.0f, 3);
+  const AttentionParams params{c.num_kv_heads * c.group, 0.1f};
+  return ExpectReferenceOnEveryTarget(cache, q, params, c.v_codec) / c.group;
 }
 
 TEST(AttentionTest, Fp8ReadersDecodeEveryCodeOnEverySimdTarget) {
@@ -486,6 +503,74 @@ TEST(AttentionTest, Fp8ReadersDecodeEveryCodeOnEverySimdTarget) {
     }
   }
   SetBf16MultiplyForTest(Bf16MultiplyForTest::kMeasured);
+}
+
+// The ways E4M3 keys are read where the CPU has them: in FP16 (AVX512-FP16), by the BF16
+// readers through vdpbf16ps or widened, by the float readers. Runs `fn(name)` under each.
+template <class Fn>
+void ForEachE4M3KeyPath(Fn&& fn) {
+  fn("FP16 keys");
+  DisableHalfKeysForTest(true);
+  SetBf16MultiplyForTest(Bf16MultiplyForTest::kDot);
+  fn("vdpbf16ps");
+  SetBf16MultiplyForTest(Bf16MultiplyForTest::kWiden);
+  fn("widened");
+  SetBf16MultiplyForTest(Bf16MultiplyForTest::kMeasured);
+  DisableHalfKeysForTest(false);
+  DisableDotProductReadersForTest(true);
+  fn("float readers");
+  DisableDotProductReadersForTest(false);
+}
+
+TEST(AttentionTest, Fp8E4M3KeysScoreEveryCodeExactlyOnEveryPath) {
+  // Kv head h has two tokens: the first's key holds code h at element 0 and 448 (E4M3's largest,
+  // which pins the row's scale at 1) at element 1, the second's key is zeros; values are ones and
+  // zeros. A query of 2^-6 at element 0 gives the first token the score value(h) / 64, exact in
+  // every reader (a power of two times a 4-bit value), so the output is its logistic function:
+  // a code read as any other value shows there. The NaN codes (0x7F, 0xFF) are left out of the
+  // comparison with the reference, which propagates the NaN score, where the kernels' softmax
+  // gives it no weight: there every path must give what the float readers give.
+  Case c;
+  c.num_tokens = 2;
+  c.num_kv_heads = 256;
+  c.head_dim = 32;
+  c.k_codec = "fp8_e4m3";
+  c.v_codec = "f32";
+  const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim;
+  const auto is_nan_code = [](int h) { return (h & 0x7F) == 0x7F; };
+  std::vector<float> k(2 * row, 0.0f), v(2 * row, 0.0f);
+  for (int h = 0; h < c.num_kv_heads; ++h) {
+    k[h * c.head_dim] = Fp8E4M3ToF32(static_cast<uint8_t>(h));
+    k[h * c.head_dim + 1] = 448.0f;
+    std::fill_n(v.begin() + h * c.head_dim, c.head_dim, 1.0f);
+  }
+  const TestCache with_nans = BuildCache(k, v, c, kPaged16);
+  for (int h = 0; h < c.num_kv_heads; ++h) {
+    if (is_nan_code(h)) k[h * c.head_dim] = 0.0f;
+  }
+  const TestCache finite = BuildCache(k, v, c, kPaged16);
+  for (int group : {1, 4}) {
+    c.group = group;
+    std::vector<float> q(row * group, 0.0f);
+    for (size_t head = 0; head < static_cast<size_t>(c.num_kv_heads) * group; ++head) {
+      q[head * c.head_dim] = 0x1p-6f;
+    }
+    const AttentionParams params{c.num_kv_heads * group, 1.0f};
+    DisableDotProductReadersForTest(true);
+    std::vector<float> nan_expected(q.size());
+    Attention(with_nans.view, q.data(), 1, params, nan_expected.data(), nullptr);
+    DisableDotProductReadersForTest(false);
+    ForEachE4M3KeyPath([&](const char* path) {
+      const std::string what = "group " + std::to_string(group) + ", " + path;
+      EXPECT_EQ(ExpectReferenceOnEveryTarget(finite, q, params, what), 0);
+      std::vector<float> out(q.size());
+      Attention(with_nans.view, q.data(), 1, params, out.data(), nullptr);
+      for (size_t i = 0; i < out.size(); ++i) {
+        if (!is_nan_code(static_cast<int>(i / c.head_dim / group))) continue;
+        EXPECT_EQ(out[i], nan_expected[i]) << what << ", NaN code, element " << i;
+      }
+    });
+  }
 }
 
 TEST(AttentionTest, F16ReaderKeepsInfinitiesAndNaNsOnEverySimdTarget) {
