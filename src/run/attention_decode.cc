@@ -140,18 +140,20 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
   const Bf16Plan bf16 = PlanBf16(k_side, v_side, head_dim, nd, group);
   thread_local std::vector<VnniQuery> vnni_queries;
   thread_local AmxQueries amx_queries;
-  thread_local std::vector<uint16_t> bf16_queries;
+  // The queries as 16-bit floats for the BF16 readers' keys: FP16 bits with half_keys (scaled,
+  // half_unscale), else BF16 bits unless widened (F32, widened_queries).
+  thread_local std::vector<uint16_t> q16;
   thread_local std::vector<float> widened_queries, half_unscale;
   if (bf16.half_keys) {
-    bf16_queries.resize(static_cast<size_t>(group) * head_dim);
+    q16.resize(static_cast<size_t>(group) * head_dim);
     half_unscale.resize(group);
-    HalfPrepareQueries(q, group, head_dim, bf16_queries.data(), half_unscale.data());
+    HalfPrepareQueries(q, group, head_dim, q16.data(), half_unscale.data());
   } else if (bf16.keys && bf16.widen) {
     widened_queries.resize(static_cast<size_t>(group) * head_dim);
     Bf16WidenQueries(q, group, head_dim, widened_queries.data());
   } else if (bf16.keys) {
-    bf16_queries.resize(static_cast<size_t>(group) * head_dim);
-    Bf16PrepareQueries(q, group, head_dim, bf16_queries.data());
+    q16.resize(static_cast<size_t>(group) * head_dim);
+    Bf16PrepareQueries(q, group, head_dim, q16.data());
   }
   if (amx_keys) {
     AmxPrepareQueries(vnni, q, group, &amx_queries);
@@ -178,7 +180,7 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
     } else if (vnni.ok) {
       VnniScoreTile(vnni, keys, values, num_keys, vnni_queries.data(), q, group, s, s_stride);
     } else if (bf16.keys) {
-      Bf16ScoreTile(bf16, keys, values, num_keys, bf16_queries.data(), half_unscale.data(),
+      Bf16ScoreTile(bf16, keys, values, num_keys, q16.data(), half_unscale.data(),
                     widened_queries.data(), group, head_dim, s, s_stride);
     } else {
       score(keys, values, num_keys, q, group, head_dim, s, s_stride);
