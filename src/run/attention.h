@@ -44,6 +44,9 @@ struct AttentionScores {
 // products (CPUs with AVX-512 VNNI): the query is then rounded to int8 per 32 elements (two
 // bytes for int8 keys) and the value weights to int16 per tile (attention_vnni-inl.h says how
 // far that moves the output).
+// Non-finite scores: a query head whose scores hold a NaN or +inf (a key that holds a NaN or an
+// infinity, in a format that stores them) gets a NaN output, as in AttentionReference's softmax
+// (exp(inf - inf)); a -inf score gets no weight. Never a token dropped silently.
 // scores: may be null (the common case, which must cost nothing extra).
 void Attention(const KvLayerView& view, const float* q, int num_queries,
                const AttentionParams& params, float* out, ThreadPool* pool,

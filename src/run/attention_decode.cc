@@ -192,7 +192,23 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
       float* st = state + j * state_stride;
       for (size_t i = num_keys; i < padded; ++i) sj[i] = kNegInf;
       auto vmax = hn::Set(df, kNegInf);
-      for (size_t i = 0; i < padded; i += nf) vmax = hn::Max(vmax, hn::LoadU(df, sj + i));
+      auto poison = hn::FirstN(df, 0);  // (no lanes)
+      for (size_t i = 0; i < padded; i += nf) {
+        const auto x = hn::LoadU(df, sj + i);
+        vmax = hn::Max(vmax, x);
+        poison = hn::Or(poison, PoisonsSoftmax(df, x));
+      }
+      if (HWY_UNLIKELY(!hn::AllFalse(df, poison))) {  // the head's output is NaN (PoisonsSoftmax)
+        std::fill(sj, sj + padded, 0.0f);
+        std::fill(st, st + head_dim, std::numeric_limits<float>::quiet_NaN());
+        st[head_dim] = kInf;
+        st[head_dim + 1] = std::numeric_limits<float>::quiet_NaN();
+        if (sink != nullptr) {
+          if (!in_place) std::fill_n(sink->probs + j * sink->prob_stride + t0, num_keys, 0.0f);
+          sink->tile_max[(t0 - begin) / kDecodeTile * group + j] = kInf;
+        }
+        continue;
+      }
       const float tile_max = hn::GetLane(hn::MaxOfLanes(df, vmax));
       const float new_max = std::max(st[head_dim], tile_max);
       const auto vnew_max = hn::Set(df, new_max);

@@ -252,20 +252,29 @@ void PrefillImpl(const KvLayerView& view, const float* q, int num_queries,
           }
           auto vmax = hn::LoadU(df, row_max + r);
           const auto old_max = vmax;
+          auto poison = hn::FirstN(df, 0);  // (no lanes)
           for (size_t k = 0; k < num_keys; ++k) {
-            vmax = hn::Max(vmax, hn::LoadU(df, st + k * row_stride + r));
+            const auto x = hn::LoadU(df, st + k * row_stride + r);
+            vmax = hn::Max(vmax, x);
+            poison = hn::Or(poison, PoisonsSoftmax(df, x));
           }
+          // Rows with a NaN or +inf score (PoisonsSoftmax): max +inf, so that their keys get
+          // exp(-inf) = 0 from here on, and below, their keys of this tile 0 and their sum NaN.
+          const bool poisoned = !hn::AllFalse(df, poison);
+          vmax = hn::IfThenElse(poison, hn::Set(df, kInf), vmax);
           auto vsum = hn::Zero(df);
           for (size_t k = 0; k < num_keys; ++k) {
             float* s = st + k * row_stride + r;
-            const auto p = hn::Exp(df, hn::Sub(hn::LoadU(df, s), vmax));
+            auto p = hn::Exp(df, hn::Sub(hn::LoadU(df, s), vmax));
+            if (HWY_UNLIKELY(poisoned)) p = hn::IfThenZeroElse(poison, p);
             hn::StoreU(p, df, s);
             vsum = hn::Add(vsum, p);
           }
           // Exp(-inf) == 0: the first tile starts the accumulator from nothing.
           const auto va = hn::Exp(df, hn::Sub(old_max, vmax));
           hn::StoreU(va, df, alpha + r);
-          hn::StoreU(hn::MulAdd(hn::LoadU(df, row_sum + r), va, vsum), df, row_sum + r);
+          const auto sum = hn::MulAdd(hn::LoadU(df, row_sum + r), va, vsum);
+          hn::StoreU(hn::IfThenElse(poison, hn::NaN(df), sum), df, row_sum + r);
           hn::StoreU(vmax, df, row_max + r);
         }
         size_t i = 0;

@@ -26,6 +26,7 @@
 #endif
 
 #include "hwy/highway.h"
+#include "run/softmax-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace kvstack {
@@ -35,7 +36,6 @@ namespace {
 namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // Tasks per thread that decode and the prefill scores split their work into (load balance).
 constexpr int kTasksPerThread = 4;
 

@@ -37,6 +37,7 @@
 #include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
+#include "run/softmax-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace kvstack {
@@ -48,7 +49,6 @@ using DF = hn::ScalableTag<float>;
 using D4 = hn::CappedTag<float, 4>;
 using D1 = hn::CappedTag<float, 1>;
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // Keys per tile: a tile's scores and coordinates stay in L1. A multiple of every vector width.
 constexpr int kTile = 64;
 // Decode: the smallest chunk of arena keys worth a task of its own, and tasks per thread.
@@ -343,7 +343,20 @@ void SoftmaxTile(const Rows& rows, int first_key, int num_tokens, float* HWY_RES
     const size_t padded = (static_cast<size_t>(n) + lanes - 1) / lanes * lanes;
     for (size_t t = n; t < padded; ++t) sr[t] = kNegInf;
     auto vmax = hn::Set(df, kNegInf);
-    for (size_t t = 0; t < padded; t += lanes) vmax = hn::Max(vmax, hn::LoadU(df, sr + t));
+    auto poison = hn::FirstN(df, 0);  // (no lanes)
+    for (size_t t = 0; t < padded; t += lanes) {
+      const auto x = hn::LoadU(df, sr + t);
+      vmax = hn::Max(vmax, x);
+      poison = hn::Or(poison, PoisonsSoftmax(df, x));
+    }
+    if (HWY_UNLIKELY(!hn::AllFalse(df, poison))) {  // the row's output is NaN (PoisonsSoftmax)
+      std::fill(sr, sr + num_tokens, 0.0f);
+      state.max[r] = kInf;
+      state.sum[r] = std::numeric_limits<float>::quiet_NaN();
+      float* acc = state.acc + static_cast<size_t>(r) * state.dim;
+      std::fill(acc, acc + state.dim, std::numeric_limits<float>::quiet_NaN());
+      continue;
+    }
     const float tile_max = hn::GetLane(hn::MaxOfLanes(df, vmax));
     const float old_max = state.max[r];
     const float new_max = std::max(old_max, tile_max);

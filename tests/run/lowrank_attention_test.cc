@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <random>
@@ -87,6 +88,7 @@ struct Case {
   int recent = 0;
   bool hadamard = false;
   int threads = 1;
+  int nan_key_token = -1;  // >= 0: that token's key for kv head 0 holds a NaN
 
   std::string Name() const {
     std::string name = k_codec + "__" + v_codec + "__" + std::string(LayoutName(layout)) + "__q" +
@@ -132,9 +134,10 @@ Built Build(const Case& c) {
   built.cache = std::move(*cache);
   built.seq = *built.cache->AddSequence();
   std::mt19937 rng(5);
-  const std::vector<float> k = StructuredRows(c.num_tokens, rng);
+  std::vector<float> k = StructuredRows(c.num_tokens, rng);
   const std::vector<float> v = StructuredRows(c.num_tokens, rng);
   const size_t token_floats = kNumKvHeads * kHeadDim;
+  if (c.nan_key_token >= 0) k[c.nan_key_token * token_floats + 3] = std::nanf("");
   // Appended in uneven steps, as prefill chunks and decode steps would.
   for (int done = 0; done < c.num_tokens;) {
     const int n = std::min(c.num_tokens - done, 1 + (done * 7) % 23);
@@ -305,6 +308,49 @@ TEST(LowRankAttentionTargets, EveryTargetMatchesTheReference) {
     }
   }
   hwy::SetSupportedTargetsForTest(0);  // back to the machine's own
+}
+
+// A NaN in an F32 key (a sink's, or one in the pending recent window that only the last
+// queries see) makes the heads that see it NaN, as in the reference, and leaves the rest as
+// they were; never a key that silently gets no weight.
+TEST(LowRankAttentionNonFinite, NaNKeyMakesItsHeadsNaNAsInTheReference) {
+  for (const int nan_key_token : {1, 147}) {
+    for (const int num_queries : {1, 5}) {
+      for (const int threads : {1, 2}) {
+        Case c;
+        c.k_codec = c.v_codec = "latent-r6";
+        c.layout = LayoutKind::kPaged;
+        c.num_queries = num_queries;
+        c.group = 2;
+        c.sinks = 3;
+        c.recent = 5;
+        c.threads = threads;
+        c.nan_key_token = nan_key_token;
+        SCOPED_TRACE(c.Name() + " NaN key at " + std::to_string(nan_key_token));
+        const Built built = Build(c);
+        ASSERT_TRUE(LowRankFormApplies(built.view, nullptr));
+        const AttentionParams params{.num_heads = kNumKvHeads * c.group, .scale = 0.3f};
+        const std::vector<float> q = Queries(c.num_queries, params.num_heads, 29);
+        std::vector<float> expected(q.size()), got(q.size());
+        AttentionReference(built.view, q.data(), c.num_queries, params, expected.data());
+        std::unique_ptr<ThreadPool> pool =
+            threads > 1 ? std::make_unique<ThreadPool>(threads) : nullptr;
+        LowRankAttention(built.view, q.data(), c.num_queries, params, got.data(), pool.get());
+        // Queries see keys up to their own position: token 147 of 150 is seen by the last 3.
+        const int seeing = nan_key_token == 1 ? num_queries : std::min(num_queries, 3);
+        int num_nans = 0;
+        for (size_t i = 0; i < q.size(); ++i) {
+          num_nans += std::isnan(expected[i]) ? 1 : 0;
+          if (std::isnan(expected[i])) {
+            EXPECT_TRUE(std::isnan(got[i])) << "element " << i << ": " << got[i];
+          } else {
+            EXPECT_NEAR(got[i], expected[i], kTolerance) << "element " << i;
+          }
+        }
+        EXPECT_EQ(num_nans, seeing * c.group * kHeadDim);  // kv head 0's heads
+      }
+    }
+  }
 }
 
 TEST(LowRankFormApplies, OnlyLowRankViewsWithoutScores) {
