@@ -31,8 +31,12 @@ struct EngineOptions {
   // Kernel threads, the caller included; 0 = all hardware threads. Default: 0.
   int num_threads = 0;
   // Most tokens one forward pass processes; longer inputs run in micro-batches. Default: 512.
+  // 1..kMaxEngineBatch.
   int max_batch = 512;
 };
+
+// The largest EngineOptions::max_batch (its activation buffers are sized for it).
+inline constexpr int kMaxEngineBatch = 65536;
 
 // Time spent per phase of the forward pass, accumulated over calls (seconds).
 struct EngineProfile {
@@ -161,5 +165,10 @@ struct PerplexityResult {
 absl::StatusOr<PerplexityResult> Perplexity(Engine& engine, std::span<const TokenId> tokens,
                                             const PerplexityOptions& options,
                                             const std::function<void(int, int)>& progress);
+
+// The checks Perplexity makes of its options against a text of num_tokens tokens (ctx, batch,
+// max_windows, at least one whole window), for callers to make before they build an engine of
+// ctx tokens: a one-line InvalidArgument error, or OK.
+absl::Status CheckPerplexityOptions(size_t num_tokens, const PerplexityOptions& options);
 
 }  // namespace kvstack

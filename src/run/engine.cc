@@ -87,9 +87,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const LlamaModel& model,
     return absl::InvalidArgumentError(
         absl::StrFormat("threads must be 0 (all) or 1..1024, got %d", options.num_threads));
   }
-  if (options.max_batch < 1 || options.max_batch > 65536) {
+  if (options.max_batch < 1 || options.max_batch > kMaxEngineBatch) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("batch must be 1..65536, got %d", options.max_batch));
+        absl::StrFormat("batch must be 1..%d, got %d", kMaxEngineBatch, options.max_batch));
   }
   EngineOptions resolved = options;
   KVS_RETURN_IF_ERROR(ValidateKvConfig(resolved.kv));

@@ -10,9 +10,7 @@
 
 namespace kvstack {
 
-absl::StatusOr<PerplexityResult> Perplexity(Engine& engine, std::span<const TokenId> tokens,
-                                            const PerplexityOptions& options,
-                                            const std::function<void(int, int)>& progress) {
+absl::Status CheckPerplexityOptions(size_t num_tokens, const PerplexityOptions& options) {
   if (options.ctx < 4) {
     return absl::InvalidArgumentError(
         absl::StrFormat("perplexity: --ctx must be >= 4, got %d", options.ctx));
@@ -25,12 +23,19 @@ absl::StatusOr<PerplexityResult> Perplexity(Engine& engine, std::span<const Toke
     return absl::InvalidArgumentError(absl::StrFormat(
         "perplexity: --max-windows must be >= 0 (0 = all), got %d", options.max_windows));
   }
-  int num_windows = static_cast<int>(tokens.size() / options.ctx);
-  if (num_windows == 0) {
+  if (num_tokens < static_cast<size_t>(options.ctx)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("perplexity: the text has %d tokens, fewer than one window of --ctx %d",
-                        tokens.size(), options.ctx));
+                        num_tokens, options.ctx));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PerplexityResult> Perplexity(Engine& engine, std::span<const TokenId> tokens,
+                                            const PerplexityOptions& options,
+                                            const std::function<void(int, int)>& progress) {
+  KVS_RETURN_IF_ERROR(CheckPerplexityOptions(tokens.size(), options));
+  int num_windows = static_cast<int>(tokens.size() / options.ctx);
   if (options.max_windows > 0) num_windows = std::min(num_windows, options.max_windows);
   const int ctx = options.ctx;
   const int batch = ResolveBatch(engine.options().kv, options.batch, ctx);

@@ -8,7 +8,7 @@ namespace kvstack {
 
 int ResolveBatch(const KvConfig& config, int batch, int sequence_tokens) {
   if (batch > 0) return batch;
-  return config.evicts() ? kEvictingBatch : sequence_tokens;
+  return config.evicts() ? kEvictingBatch : std::min(sequence_tokens, kMaxEngineBatch);
 }
 
 absl::Status SequenceLogits(Engine& engine, std::span<const TokenId> tokens, int batch,

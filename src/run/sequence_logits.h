@@ -16,7 +16,8 @@ namespace kvstack {
 inline constexpr int kEvictingBatch = 16;
 
 // Tokens per forward call when the caller asked for `batch` (0 = default): the whole
-// `sequence_tokens`, or kEvictingBatch when the cache `config` describes evicts.
+// `sequence_tokens` (at most kMaxEngineBatch), or kEvictingBatch when the cache `config`
+// describes evicts.
 int ResolveBatch(const KvConfig& config, int batch, int sequence_tokens);
 
 // Runs `tokens` through a new sequence of `engine`, `batch` (>= 1) tokens per forward call, and

@@ -143,6 +143,14 @@ TEST(Cli, BadInputGetsOneClearLine) {
                      "/nonexistent.toml");
   ExpectOneLineError("perplexity -m " + kModel + " -f /nonexistent.txt", "/nonexistent.txt");
   ExpectOneLineError("perplexity -m " + kModel + " -f " + kModel + " --ctx 2", "--ctx");
+  // A window or stream longer than the text: refused before a cache that long is allocated.
+  const std::string text = " -f " + kShared + "/data/tinystories_valid_head256k.txt";
+  ExpectOneLineError("perplexity -m " + kModel + text + " --ctx 99999999",
+                     "fewer than one window of --ctx 99999999");
+  ExpectOneLineError("sweep -m " + kModel + text + " --ctx 99999999",
+                     "fewer than one window of --ctx 99999999");
+  ExpectOneLineError("sweep -m " + kModel + text + " --stream 99999999",
+                     "fewer than --stream 99999999");
   ExpectOneLineError("inspect " + std::string(KVS_SOURCE_DIR) + "/CMakeLists.txt", "gguf");
   ExpectOneLineError("frobnicate", "frobnicate");
 }

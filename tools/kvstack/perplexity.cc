@@ -36,11 +36,13 @@ absl::Status RunPerplexity(const PerplexityFlags& flags) {
                         ? std::min(flags.engine.batch, flags.ctx)
                         : kEvictingBatch;
   engine_options.max_batch = batch;
-  KVS_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(*model, engine_options));
-
   PerplexityOptions options;
   options.ctx = flags.ctx;
   options.batch = batch;
+  // Before the engine: a --ctx longer than the text must not allocate a cache of --ctx tokens.
+  KVS_RETURN_IF_ERROR(CheckPerplexityOptions(tokens.size(), options));
+  KVS_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(*model, engine_options));
+
   PerplexityResult result;
   {
     ProgressBar bar("perplexity");

@@ -293,9 +293,16 @@ absl::Status RunSweep(const SweepFlags& flags) {
     options.batch = std::min(kEvictingBatch, options.ctx);
   }
   options.max_windows = flags.max_windows;
+  const std::vector<TokenId> tokens = model->tokenizer().Encode(text, /*add_bos=*/true);
+  // Before CheckGrid builds engines of options.ctx tokens (a --ctx or --stream longer than the
+  // text would allocate caches that size first).
+  if (tokens.size() < static_cast<size_t>(options.ctx)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sweep: the text has %d tokens, fewer than %s %d", tokens.size(),
+                        flags.stream_tokens > 0 ? "--stream" : "one window of --ctx", options.ctx));
+  }
   KVS_RETURN_IF_ERROR(CheckGrid(grid, *model, options));
 
-  const std::vector<TokenId> tokens = model->tokenizer().Encode(text, /*add_bos=*/true);
   if (flags.stream_tokens > 0) {
     return RunStreamSweep(flags, base, grid, *model, tokens, options);
   }
