@@ -138,6 +138,8 @@ TEST(Cli, BadInputGetsOneClearLine) {
   ExpectOneLineError("generate -m " + kModel + " -p hi --k-codec kivi2 --block-size 16",
                      "allowed: a multiple of 32");
   ExpectOneLineError("generate -m " + kModel + " -p hi --temp -1", "temperature");
+  ExpectOneLineError("generate -m " + kModel + " -p hi -n -5", "--n-predict must be >= 0");
+  ExpectOneLineError("generate -m " + kModel + " -p hi -n 2147483647", "--n-predict 2147483647");
   ExpectOneLineError("generate -m " + kModel, "--prompt");
   ExpectOneLineError("generate -m " + kModel + " -p hi --kv-config /nonexistent.toml",
                      "/nonexistent.toml");

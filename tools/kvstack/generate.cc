@@ -1,7 +1,9 @@
 // `kvstack generate`: streams a continuation of a prompt to stdout, and the speed and KV
 // memory of the run to stderr (one human line, or one JSON object with --json).
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "absl/strings/str_format.h"
@@ -30,10 +32,20 @@ absl::Status RunGenerate(const GenerateFlags& flags) {
   if (!flags.prompt_file.empty()) {
     KVS_ASSIGN_OR_RETURN(prompt, ReadTextFile(flags.prompt_file, "prompt file"));
   }
+  if (flags.num_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--n-predict must be >= 0, got %d", flags.num_tokens));
+  }
   KVS_ASSIGN_OR_RETURN(KvConfig kv, flags.cache.Resolve());
   KVS_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LoadModel(flags.model));
   const Tokenizer& tokenizer = model->tokenizer();
   const std::vector<TokenId> prompt_ids = tokenizer.Encode(prompt, /*add_bos=*/true);
+  constexpr int64_t kMaxTokens = std::numeric_limits<int>::max();  // (context_tokens is an int)
+  if (static_cast<int64_t>(prompt_ids.size()) + flags.num_tokens > kMaxTokens) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--n-predict %d: with the prompt's %d tokens, more than %d in all",
+                        flags.num_tokens, prompt_ids.size(), kMaxTokens));
+  }
 
   EngineOptions engine_options;
   engine_options.kv = kv;
