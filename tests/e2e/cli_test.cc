@@ -121,13 +121,15 @@ TEST(Cli, EverySubcommandHasHelp) {
   }
 }
 
-// Bad input: exit code non-zero, exactly one line on stderr naming the problem.
+// Bad input: exit code non-zero, exactly one line on stderr naming the problem, and nothing
+// on stdout (no partial output).
 void ExpectOneLineError(const std::string& args, const std::string& needle) {
   const CommandResult r = RunCli(args);
   EXPECT_NE(r.exit_code, 0) << args;
   EXPECT_LT(r.exit_code, 128) << "crashed: " << args;
   EXPECT_EQ(Lines(r.err), 1) << args << "\n" << r.err;
   EXPECT_NE(r.err.find(needle), std::string::npos) << args << "\n" << r.err;
+  EXPECT_EQ(r.out, "") << args;
 }
 
 TEST(Cli, BadInputGetsOneClearLine) {
@@ -138,6 +140,8 @@ TEST(Cli, BadInputGetsOneClearLine) {
   ExpectOneLineError("generate -m " + kModel + " -p hi --k-codec kivi2 --block-size 16",
                      "allowed: a multiple of 32");
   ExpectOneLineError("generate -m " + kModel + " -p hi --temp -1", "temperature");
+  ExpectOneLineError("generate -m " + kModel + " -p hi --top-p 0", "top_p");
+  ExpectOneLineError("generate -m " + kModel + " -p hi --top-k -1", "top_k");
   ExpectOneLineError("generate -m " + kModel + " -p hi -n -5", "--n-predict must be >= 0");
   ExpectOneLineError("generate -m " + kModel + " -p hi -n 2147483647", "--n-predict 2147483647");
   ExpectOneLineError("generate -m " + kModel, "--prompt");

@@ -36,6 +36,9 @@ absl::Status RunGenerate(const GenerateFlags& flags) {
     return absl::InvalidArgumentError(
         absl::StrFormat("--n-predict must be >= 0, got %d", flags.num_tokens));
   }
+  const SamplerOptions sampler{flags.temperature, flags.top_k, flags.top_p, flags.seed};
+  // Before anything is printed: a bad option must not leave the prompt behind on stdout.
+  KVS_RETURN_IF_ERROR(Sampler::Create(sampler).status());
   KVS_ASSIGN_OR_RETURN(KvConfig kv, flags.cache.Resolve());
   KVS_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LoadModel(flags.model));
   const Tokenizer& tokenizer = model->tokenizer();
@@ -56,7 +59,7 @@ absl::Status RunGenerate(const GenerateFlags& flags) {
 
   GenerateOptions options;
   options.max_new_tokens = flags.num_tokens;
-  options.sampler = {flags.temperature, flags.top_k, flags.top_p, flags.seed};
+  options.sampler = sampler;
   std::fputs(prompt.c_str(), stdout);
   TokenId prev = prompt_ids.back();
   KVS_ASSIGN_OR_RETURN(GenerateStats stats, Generate(*engine, prompt_ids, options, [&](TokenId id) {
