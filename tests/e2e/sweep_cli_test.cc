@@ -154,6 +154,7 @@ TEST_F(SweepCliTest, BadInputGetsOneLineAndExitOne) {
            Base() + " --layer-codec x:f16:f16",                     // layer not a number
            Base() + " --pairs --k-codec f16,bf16 --v-codec f16",    // lists of unequal length
            Base() + " --csv /no/such/dir/out.csv",                  // unwritable output
+           Base() + " --stream -5",                                 // negative stream
        }) {
     const CommandResult r = RunCli(args);
     EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.err;
@@ -165,6 +166,11 @@ TEST_F(SweepCliTest, BadInputGetsOneLineAndExitOne) {
   EXPECT_NE(RunCli(Base() + " --k-codec f16,no_such_codec").err.find("no_such_codec"),
             std::string::npos);
   EXPECT_NE(RunCli(Base() + " --layer-codec 0:f16").err.find("L:K:V"), std::string::npos);
+  // --segment sizes --stream's segments; alone it would be ignored, so it is refused.
+  const CommandResult segment = RunCli(Base() + " --segment 64");
+  EXPECT_EQ(segment.exit_code, 2) << segment.err;
+  EXPECT_EQ(Lines(segment.err), 1) << segment.err;
+  EXPECT_NE(segment.err.find("--segment requires --stream"), std::string::npos) << segment.err;
 }
 
 TEST_F(SweepCliTest, MissingGnuplotIsAClearErrorBeforeAnyWork) {

@@ -275,6 +275,10 @@ absl::Status RunSweep(const SweepFlags& flags) {
     return absl::InvalidArgumentError(
         absl::StrFormat("--max-windows must be >= 0 (0 = all), got %d", flags.max_windows));
   }
+  if (flags.stream_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--stream must be >= 0 (0 = off), got %d", flags.stream_tokens));
+  }
   KVS_RETURN_IF_ERROR(CheckOutputPath("--csv", flags.csv_path));
   KVS_RETURN_IF_ERROR(CheckOutputPath("--json", flags.json_path));
   KVS_RETURN_IF_ERROR(CheckOutputPath("--plot", flags.plot_prefix));
@@ -340,11 +344,13 @@ RunFn RegisterSweep(CLI::App& app) {
   sub->add_flag("--retrieval-probe", flags->retrieval_probe,
                 "also score a passage repeated after unrelated text (does the cache still hold "
                 "the first copy?)");
-  sub->add_option("--stream", flags->stream_tokens,
-                  "instead of perplexity windows, stream this many tokens through each "
-                  "configuration and report perplexity per segment (0 = off)");
+  CLI::Option* stream =
+      sub->add_option("--stream", flags->stream_tokens,
+                      "instead of perplexity windows, stream this many tokens through each "
+                      "configuration and report perplexity per segment (0 = off)");
   sub->add_option("--segment", flags->segment_tokens,
-                  "--stream: tokens per reported segment (default 512)");
+                  "--stream: tokens per reported segment (default 512)")
+      ->needs(stream);
   sub->add_option("--max-windows", flags->max_windows,
                   "perplexity windows per configuration, 0 = the whole text (default 0)");
   sub->add_option("--csv", flags->csv_path, "write the rows as CSV to FILE ('-' = stdout)");
