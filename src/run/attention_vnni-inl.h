@@ -81,6 +81,7 @@ struct VnniPlan {
   // Queries: the vpermb index that puts the query bytes of each 64-element chunk in [column]
   // [part][byte] order (see VnniPrepareQueries).
   const uint8_t* query_index = nullptr;
+  const uint8_t* packed_query_index = nullptr;  // the same for packed bytes (KIVI)
   // 4- and 2-bit values read by 16-byte spans (AccumulateSpans; 0: by blocks of 16 elements):
   // spans per row, and the (scale, min) groups within a span (1, or 2 groups of 8 bytes).
   int value_spans = 0;
@@ -123,7 +124,17 @@ struct VnniTables {
   // Query element e = (4 c + byte) * parts + part goes to byte `byte` of word c * parts + part;
   // within each 64 elements, so one vpermb per 64 query bytes: out[i] = in[query_index[i]].
   alignas(64) uint8_t query_index[64];
+  // query_index for bytes packed from four vectors of 16 int32 (elements 16 v .. 16 v + 15 in
+  // vector v) by two vpackssdw and a vpacksswb (PackedByte), as VnniPrepareKiviUnit leaves them.
+  alignas(64) uint8_t packed_query_index[64];
 };
+
+// Where vpacksswb(vpackssdw(v0, v1), vpackssdw(v2, v3)) puts element e of 64, element 16 v + i
+// of vector v: the packs work within 128-bit lanes, lane L taking dwords 4 L .. 4 L + 3 of each.
+constexpr int PackedByte(int e) {
+  const int v = e / 16, lane = e % 16 / 4, dword = e % 4;
+  return 16 * lane + v / 2 * 8 + v % 2 * 4 + dword;
+}
 
 // Value spans (AccumulateSpans): dword i of a span takes byte SpanByte(i) of the span from the
 // first key of a pair (byte 0) and from the second (byte 2). With two groups in a span, lanes
@@ -198,6 +209,8 @@ const VnniTables& VnniTablesFor(int bits) {
       for (int e = 0; e < 64; ++e) {
         const int part = e % parts, column = e / parts / 4, byte = e / parts % 4;
         tables[t].query_index[4 * (column * parts + part) + byte] = static_cast<uint8_t>(e);
+        tables[t].packed_query_index[4 * (column * parts + part) + byte] =
+            static_cast<uint8_t>(PackedByte(e));
       }
     }
     return tables;
@@ -244,6 +257,7 @@ VnniPlan PlanVnni(const SideSpec& side, size_t head_dim, size_t lanes) {
   const VnniTables& tables = VnniTablesFor(plan.bits);
   plan.index = tables.value_index;
   plan.query_index = tables.query_index;
+  plan.packed_query_index = tables.packed_query_index;
   const size_t row_bytes = head_dim * plan.bits / 8;
   const int group_bytes = plan.group_elems * plan.bits / 8;
   if (plan.bits < 8 && !plan.kivi && row_bytes % 16 == 0 &&
@@ -610,8 +624,12 @@ KVS_VNNI_ATTR HWY_INLINE void MaxOfLanes16(const __m512* v, float* out) {
 // KIVI: the `group` query heads q: [group, head_dim] folded with one unit's per-channel (scale,
 // min) pairs and quantised as VnniPrepareQueries quantises (int8 per block of 32, step 1/127 of
 // the block's largest |q * scale|): out[j] for q_j * scale, bias[j] = q_j . min. Once per unit
-// and kv head, so all heads go at once: the pairs are converted once, and every block's maximum
-// comes from one shuffle tree per 16 blocks (MaxOfLanes16) instead of a reduction each.
+// and kv head, so all heads go at once and nothing goes through memory per element: the pairs
+// are converted once; a first pass takes every block's largest |q * scale| by one shuffle tree
+// per 16 blocks (MaxOfLanes16) instead of a reduction each; the steps and their reciprocals come
+// 16 blocks to a vector; a second pass multiplies again (cheaper than storing the products and
+// reading them back) and packs 64 quantised elements into one vector with two vpackssdw and a
+// vpacksswb, whose order the permute into column order undoes (packed_query_index).
 KVS_VNNI_ATTR void VnniPrepareKiviUnit(const VnniPlan& plan, const std::byte* unit, const float* q,
                                        int group, VnniQuery* out, float* bias) {
   const int head_dim = static_cast<int>(plan.head_dim);
@@ -622,22 +640,20 @@ KVS_VNNI_ATTR void VnniPrepareKiviUnit(const VnniPlan& plan, const std::byte* un
     scale[v] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(pairs));
     min[v] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(pairs, 16)));
   }
-  // q * scale of every head, and each block's largest |q * scale| (16 blocks per tree).
-  thread_local std::vector<float> folded, block_max;
-  folded.resize(static_cast<size_t>(group) * head_dim);
+  // Each block's largest |q * scale| (16 blocks per tree), and the biases.
+  thread_local std::vector<float> block_max, block_inv;
   const size_t num_blocks = static_cast<size_t>(group) * blocks_per_head;
-  block_max.resize((num_blocks + 15) / 16 * 16);
+  const size_t padded_blocks = (num_blocks + 15) / 16 * 16;
+  block_max.resize(padded_blocks);
+  block_inv.resize(padded_blocks);
   __m512 block_abs[16];
   size_t pending = 0;  // blocks in block_abs
   for (int j = 0; j < group; ++j) {
     const float* qj = q + static_cast<size_t>(j) * head_dim;
-    float* fj = folded.data() + static_cast<size_t>(j) * head_dim;
     __m512 b = _mm512_setzero_ps();
     for (int v = 0; v < num_vectors; v += 2) {
       const __m512 q0 = _mm512_loadu_ps(qj + 16 * v), q1 = _mm512_loadu_ps(qj + 16 * v + 16);
       const __m512 x0 = _mm512_mul_ps(q0, scale[v]), x1 = _mm512_mul_ps(q1, scale[v + 1]);
-      _mm512_storeu_ps(fj + 16 * v, x0);
-      _mm512_storeu_ps(fj + 16 * v + 16, x1);
       b = _mm512_fmadd_ps(q1, min[v + 1], _mm512_fmadd_ps(q0, min[v], b));
       block_abs[pending++] = _mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1));
       if (pending == 16) {
@@ -652,25 +668,37 @@ KVS_VNNI_ATTR void VnniPrepareKiviUnit(const VnniPlan& plan, const std::byte* un
     for (size_t i = pending; i < 16; ++i) block_abs[i] = _mm512_setzero_ps();
     MaxOfLanes16(block_abs, block_max.data() + num_blocks - pending);
   }
-  const __m512i query_index = _mm512_load_si512(plan.query_index);
+  // Per block m: the reciprocal 127 / m (0 for m = 0), exact as a scalar division (the codes
+  // come out as VnniPrepareQueries' would), and the step m / 127 / 256 to within an ulp (one
+  // vector division per 16 blocks is the costly part here).
+  for (size_t i = 0; i < padded_blocks; i += 16) {
+    const __m512 m = _mm512_loadu_ps(block_max.data() + i);
+    const __mmask16 positive = _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_GT_OQ);
+    _mm512_storeu_ps(block_inv.data() + i,
+                     _mm512_maskz_div_ps(positive, _mm512_set1_ps(127.0f), m));
+    _mm512_storeu_ps(block_max.data() + i, _mm512_mul_ps(m, _mm512_set1_ps(1.0f / 32512.0f)));
+  }
+  const __m512i packed_index = _mm512_load_si512(plan.packed_query_index);
   for (int j = 0; j < group; ++j) {
-    const float* fj = folded.data() + static_cast<size_t>(j) * head_dim;
-    const float* mj = block_max.data() + static_cast<size_t>(j) * blocks_per_head;
+    const float* qj = q + static_cast<size_t>(j) * head_dim;
+    const float* inv = block_inv.data() + static_cast<size_t>(j) * blocks_per_head;
+    const float* steps = block_max.data() + static_cast<size_t>(j) * blocks_per_head;
     VnniQuery& vq = out[j];
-    alignas(64) int8_t hi[kVnniMaxHeadDim];
-    for (int blk = 0; blk < blocks_per_head; ++blk) {
-      const float m = mj[blk];
-      // |x| * 127 / m <= 127 (to within a rounding that cvtps takes back to 127).
-      const __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
-      for (int e = 32 * blk; e < 32 * blk + 32; e += 16) {
-        const __m512i h = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(fj + e), inv));
-        _mm_store_si128(reinterpret_cast<__m128i*>(hi + e), _mm512_cvtsepi32_epi8(h));
+    for (int blk = 0; blk < blocks_per_head; ++blk) vq.block_scale[blk] = steps[blk];
+    for (int v0 = 0; v0 < num_vectors; v0 += 4) {  // 64 elements (the last 32 may be missing)
+      __m512i h[4];
+      for (int i = 0; i < 4; ++i) {
+        const int v = v0 + i;
+        h[i] = v < num_vectors ? _mm512_cvtps_epi32(_mm512_mul_ps(
+                                     _mm512_mul_ps(_mm512_loadu_ps(qj + 16 * v), scale[v]),
+                                     _mm512_set1_ps(inv[v / 2])))
+                               : _mm512_setzero_si512();
       }
-      vq.block_scale[blk] = m / 127.0f / 256.0f;
-    }
-    for (int e = 0; e < head_dim; e += 64) {  // into [column][part][byte] order
-      _mm512_storeu_si512(reinterpret_cast<std::byte*>(vq.hi) + e,
-                          _mm512_permutexvar_epi8(query_index, _mm512_load_si512(hi + e)));
+      // Saturating to int16 and then to int8 is saturating to int8, as vpmovsdb would.
+      const __m512i bytes =
+          _mm512_packs_epi16(_mm512_packs_epi32(h[0], h[1]), _mm512_packs_epi32(h[2], h[3]));
+      _mm512_storeu_si512(reinterpret_cast<std::byte*>(vq.hi) + 16 * v0,
+                          _mm512_permutexvar_epi8(packed_index, bytes));
     }
     vq.group_sum[0] = 0.0f;  // (the unit's bias holds q . min)
   }
