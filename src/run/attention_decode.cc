@@ -191,14 +191,8 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
       float* sj = s + j * s_stride;
       float* st = state + j * state_stride;
       for (size_t i = num_keys; i < padded; ++i) sj[i] = kNegInf;
-      auto vmax = hn::Set(df, kNegInf);
-      auto poison = hn::FirstN(df, 0);  // (no lanes)
-      for (size_t i = 0; i < padded; i += nf) {
-        const auto x = hn::LoadU(df, sj + i);
-        vmax = hn::Max(vmax, x);
-        poison = hn::Or(poison, PoisonsSoftmax(df, x));
-      }
-      if (HWY_UNLIKELY(!hn::AllFalse(df, poison))) {  // the head's output is NaN (PoisonsSoftmax)
+      float tile_max;
+      if (HWY_UNLIKELY(MaxOfScores(df, sj, padded, &tile_max))) {  // the head's output is NaN
         std::fill(sj, sj + padded, 0.0f);
         std::fill(st, st + head_dim, std::numeric_limits<float>::quiet_NaN());
         st[head_dim] = kInf;
@@ -209,7 +203,6 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
         }
         continue;
       }
-      const float tile_max = hn::GetLane(hn::MaxOfLanes(df, vmax));
       const float new_max = std::max(st[head_dim], tile_max);
       const auto vnew_max = hn::Set(df, new_max);
       auto vsum = hn::Zero(df);

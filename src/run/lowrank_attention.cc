@@ -342,14 +342,8 @@ void SoftmaxTile(const Rows& rows, int first_key, int num_tokens, float* HWY_RES
     }
     const size_t padded = (static_cast<size_t>(n) + lanes - 1) / lanes * lanes;
     for (size_t t = n; t < padded; ++t) sr[t] = kNegInf;
-    auto vmax = hn::Set(df, kNegInf);
-    auto poison = hn::FirstN(df, 0);  // (no lanes)
-    for (size_t t = 0; t < padded; t += lanes) {
-      const auto x = hn::LoadU(df, sr + t);
-      vmax = hn::Max(vmax, x);
-      poison = hn::Or(poison, PoisonsSoftmax(df, x));
-    }
-    if (HWY_UNLIKELY(!hn::AllFalse(df, poison))) {  // the row's output is NaN (PoisonsSoftmax)
+    float tile_max;
+    if (HWY_UNLIKELY(MaxOfScores(df, sr, padded, &tile_max))) {  // the row's output is NaN
       std::fill(sr, sr + num_tokens, 0.0f);
       state.max[r] = kInf;
       state.sum[r] = std::numeric_limits<float>::quiet_NaN();
@@ -357,7 +351,6 @@ void SoftmaxTile(const Rows& rows, int first_key, int num_tokens, float* HWY_RES
       std::fill(acc, acc + state.dim, std::numeric_limits<float>::quiet_NaN());
       continue;
     }
-    const float tile_max = hn::GetLane(hn::MaxOfLanes(df, vmax));
     const float old_max = state.max[r];
     const float new_max = std::max(old_max, tile_max);
     if (old_max != kNegInf && new_max > old_max) {

@@ -1,6 +1,7 @@
 // Per-target softmax rules every attention kernel shares (decode, prefill, low-rank), included
-// inside their hwy/foreach_target.h pass: the infinities, and which scores make a head's output
-// NaN. The include guard toggles per target, as Highway's -inl.h headers do.
+// inside their hwy/foreach_target.h pass: the infinities, which scores make a head's output NaN,
+// and a row's largest score. The include guard toggles per target, as Highway's -inl.h headers
+// do.
 
 #include <limits>
 
@@ -29,6 +30,22 @@ template <class D>
 HWY_INLINE hwy::HWY_NAMESPACE::Mask<D> PoisonsSoftmax(D d, hwy::HWY_NAMESPACE::Vec<D> x) {
   namespace hn = hwy::HWY_NAMESPACE;
   return hn::Not(hn::Lt(x, hn::Set(d, kInf)));
+}
+
+// The largest of the scores x[0, n) (n a multiple of d's lanes) into *max; returns whether any
+// of them makes the softmax NaN (PoisonsSoftmax), in which case *max is not meaningful.
+template <class D>
+HWY_INLINE bool MaxOfScores(D d, const float* HWY_RESTRICT x, size_t n, float* max) {
+  namespace hn = hwy::HWY_NAMESPACE;
+  auto vmax = hn::Set(d, kNegInf);
+  auto poison = hn::FirstN(d, 0);  // (no lanes)
+  for (size_t i = 0; i < n; i += hn::Lanes(d)) {
+    const auto v = hn::LoadU(d, x + i);
+    vmax = hn::Max(vmax, v);
+    poison = hn::Or(poison, PoisonsSoftmax(d, v));
+  }
+  *max = hn::GetLane(hn::MaxOfLanes(d, vmax));
+  return !hn::AllFalse(d, poison);
 }
 
 }  // namespace
