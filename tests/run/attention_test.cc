@@ -425,36 +425,42 @@ TEST(AttentionTest, QuantisedReadersOnEverySimdTarget) {
   DisableDotProductReadersForTest(false);
 }
 
-// Runs one token's attention on every SIMD target: each query head's output is then its kv
-// head's value row as stored, which must equal the reference's, NaNs and infinities included.
-// Returns the number of NaNs in the reference's output per query head of a kv head.
+// Expects `actual` to be NaN exactly where `expected` is, infinite and equal where it is
+// infinite, and within `tolerance` (relative, from 1 on) elsewhere, reporting the first 5
+// differences. Returns how many NaNs `expected` holds.
+int ExpectSameNaNsAndClose(const std::vector<float>& actual, const std::vector<float>& expected,
+                           float tolerance) {
+  int num_nans = 0, num_bad = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const float e = expected[i], a = actual[i];
+    const bool ok = std::isnan(e)   ? std::isnan(a)
+                    : std::isinf(e) ? a == e
+                                    : std::abs(a - e) <= tolerance * std::max(1.0f, std::abs(e));
+    num_nans += std::isnan(e) ? 1 : 0;
+    if (!ok && ++num_bad <= 5) {
+      ADD_FAILURE() << "element " << i << ": got " << a << ", reference " << e;
+    }
+  }
+  return num_nans;
+}
+
 // Runs one decode step of `cache` on every SIMD target this build has and expects the scalar
-// reference's output there: NaN where it has NaN, infinities exactly, else within 1e-6
-// (relative, from 1 on). Returns how many NaN outputs the reference has.
+// reference's output there (ExpectSameNaNsAndClose, within 1e-6). Returns how many NaN outputs
+// the reference has.
 int ExpectReferenceOnEveryTarget(const TestCache& cache, const std::vector<float>& q,
                                  const AttentionParams& params, const std::string& what) {
-  const size_t out_size = q.size();
-  std::vector<float> expected(out_size);
+  std::vector<float> expected(q.size());
   AttentionReference(cache.view, q.data(), 1, params, expected.data());
+  int num_nans = 0;
   for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);
     SCOPED_TRACE(what + " on " + hwy::TargetName(target));
-    std::vector<float> out(out_size, -12345.0f);
+    std::vector<float> out(q.size(), -12345.0f);
     Attention(cache.view, q.data(), 1, params, out.data(), nullptr);
-    for (size_t i = 0; i < out_size; ++i) {
-      if (std::isnan(expected[i])) {
-        EXPECT_TRUE(std::isnan(out[i])) << "element " << i << ": " << out[i];
-      } else if (std::isinf(expected[i])) {
-        EXPECT_EQ(out[i], expected[i]) << "element " << i;
-      } else {
-        EXPECT_NEAR(out[i], expected[i], 1e-6f * std::max(1.0f, std::abs(expected[i])))
-            << "element " << i;
-      }
-    }
+    num_nans = ExpectSameNaNsAndClose(out, expected, 1e-6f);
   }
   hwy::SetSupportedTargetsForTest(0);  // back to the machine's own
-  return static_cast<int>(
-      std::count_if(expected.begin(), expected.end(), [](float x) { return std::isnan(x); }));
+  return num_nans;
 }
 
 // One decode step over values v stored with c.v_codec (random keys) on every target: each
@@ -568,23 +574,6 @@ TEST(AttentionTest, F16ReaderKeepsInfinitiesAndNaNsOnEverySimdTarget) {
                                 -0x1p-14f, 1.0f, 0.0f,          -0.0f,    0.5f,      3.0f,
                                 -2.0f,     1e4f, 7.0f,          0.25f};
   EXPECT_EQ(ExpectStoredValuesOnEveryTarget(c, v), 1);
-}
-
-// Expects `actual` to be NaN exactly where `expected` is, and within `tolerance` (relative, from
-// 1 on) elsewhere (reporting the first 5 differences). Returns how many NaNs `expected` holds.
-int ExpectSameNaNsAndClose(const std::vector<float>& actual, const std::vector<float>& expected,
-                           float tolerance) {
-  int num_nans = 0, num_bad = 0;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const bool ok = std::isnan(expected[i]) ? std::isnan(actual[i])
-                                            : std::abs(actual[i] - expected[i]) <=
-                                                  tolerance * std::max(1.0f, std::abs(expected[i]));
-    num_nans += std::isnan(expected[i]) ? 1 : 0;
-    if (!ok && ++num_bad <= 5) {
-      ADD_FAILURE() << "element " << i << ": got " << actual[i] << ", reference " << expected[i];
-    }
-  }
-  return num_nans;
 }
 
 TEST(AttentionTest, NonFiniteKeysMakeTheirHeadsNaNAsInTheReference) {
