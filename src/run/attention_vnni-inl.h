@@ -641,11 +641,12 @@ KVS_VNNI_ATTR void VnniPrepareKiviUnit(const VnniPlan& plan, const std::byte* un
     min[v] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(pairs, 16)));
   }
   // Each block's largest |q * scale| (16 blocks per tree), and the biases.
-  thread_local std::vector<float> block_max, block_inv;
+  thread_local std::vector<float> block_max, block_inv, block_step;
   const size_t num_blocks = static_cast<size_t>(group) * blocks_per_head;
   const size_t padded_blocks = (num_blocks + 15) / 16 * 16;
   block_max.resize(padded_blocks);
   block_inv.resize(padded_blocks);
+  block_step.resize(padded_blocks);
   __m512 block_abs[16];
   size_t pending = 0;  // blocks in block_abs
   for (int j = 0; j < group; ++j) {
@@ -669,20 +670,21 @@ KVS_VNNI_ATTR void VnniPrepareKiviUnit(const VnniPlan& plan, const std::byte* un
     MaxOfLanes16(block_abs, block_max.data() + num_blocks - pending);
   }
   // Per block m: the reciprocal 127 / m (0 for m = 0), exact as a scalar division (the codes
-  // come out as VnniPrepareQueries' would), and the step m / 127 / 256 to within an ulp (one
+  // come out as VnniPrepareQueries' would), and the step m / (127 * 256) to within an ulp (one
   // vector division per 16 blocks is the costly part here).
   for (size_t i = 0; i < padded_blocks; i += 16) {
     const __m512 m = _mm512_loadu_ps(block_max.data() + i);
     const __mmask16 positive = _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_GT_OQ);
     _mm512_storeu_ps(block_inv.data() + i,
                      _mm512_maskz_div_ps(positive, _mm512_set1_ps(127.0f), m));
-    _mm512_storeu_ps(block_max.data() + i, _mm512_mul_ps(m, _mm512_set1_ps(1.0f / 32512.0f)));
+    _mm512_storeu_ps(block_step.data() + i,
+                     _mm512_mul_ps(m, _mm512_set1_ps(1.0f / (127.0f * 256.0f))));
   }
   const __m512i packed_index = _mm512_load_si512(plan.packed_query_index);
   for (int j = 0; j < group; ++j) {
     const float* qj = q + static_cast<size_t>(j) * head_dim;
     const float* inv = block_inv.data() + static_cast<size_t>(j) * blocks_per_head;
-    const float* steps = block_max.data() + static_cast<size_t>(j) * blocks_per_head;
+    const float* steps = block_step.data() + static_cast<size_t>(j) * blocks_per_head;
     VnniQuery& vq = out[j];
     for (int blk = 0; blk < blocks_per_head; ++blk) vq.block_scale[blk] = steps[blk];
     for (int v0 = 0; v0 < num_vectors; v0 += 4) {  // 64 elements (the last 32 may be missing)
