@@ -14,7 +14,7 @@ namespace kvstack {
 namespace {
 std::atomic<bool> dot_product_readers_disabled{false};
 std::atomic<bool> tile_multiplies_disabled{false};
-std::atomic<bool> half_keys_disabled{false};
+std::atomic<bool> half_readers_disabled{false};
 std::atomic<Bf16MultiplyForTest> bf16_multiply{Bf16MultiplyForTest::kMeasured};
 }  // namespace
 
@@ -30,10 +30,10 @@ void SetBf16MultiplyForTest(Bf16MultiplyForTest how) {
 Bf16MultiplyForTest Bf16MultiplySetForTest() {
   return bf16_multiply.load(std::memory_order_relaxed);
 }
-void DisableHalfKeysForTest(bool disabled) {
-  half_keys_disabled.store(disabled, std::memory_order_relaxed);
+void DisableHalfReadersForTest(bool disabled) {
+  half_readers_disabled.store(disabled, std::memory_order_relaxed);
 }
-bool HalfKeysDisabledForTest() { return half_keys_disabled.load(std::memory_order_relaxed); }
+bool HalfReadersDisabledForTest() { return half_readers_disabled.load(std::memory_order_relaxed); }
 void DisableTileMultipliesForTest(bool disabled) {
   tile_multiplies_disabled.store(disabled, std::memory_order_relaxed);
 }

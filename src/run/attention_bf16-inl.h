@@ -36,16 +36,9 @@
 // value's softmax weight before that is rounded to BF16. Nothing is rounded beyond what BF16
 // rows round: the query and the weights.
 //
-// FP8 E4M3 keys in FP16 (Bf16Plan::half_keys, CPUs with AVX512-FP16): where byte permutes cost
-// two FMAs (Emerald Rapids: vpermt2b 0.70 ns, vfmadd231ps 0.22), the codes become IEEE halves by
-// the shifts of the float readers (the sign-extended code shifted left by 7, the copy of the
-// sign in bit 14 cleared, NaN codes replaced: a half worth the E4M3 value times 2^-8, subnormals
-// too), and vfmadd231ph multiplies 32 of them by an FP16 query per instruction, half an F32 FMA's
-// count. Each head's query is scaled by a power of two so that its largest |element| lies in
-// [128, 256), then rounded to FP16 (relative 2^-11, finer than the BF16 query); each key's 32
-// lanes sum head_dim / 32 products in FP16 (each rounded to 2^-11 of the lane's sum, at most
-// 16 x 256 x 1.75 in magnitude, far from FP16's 65504), then leave FP16 exactly and are summed
-// in F32. The scale, 2^8 and the row's scale multiply the score.
+// FP8 keys and values in FP16 (Bf16Plan::half_keys, half_values; CPUs with AVX512-FP16): the
+// codes become IEEE halves by shifts and vfmadd231ph multiplies them, 32 per instruction
+// (attention_half-inl.h).
 
 #include <algorithm>
 #include <array>
@@ -66,6 +59,7 @@
 #endif
 
 #include "hwy/highway.h"
+#include "run/attention_half-inl.h"
 #include "run/attention_readers-inl.h"
 
 #if HWY_TARGET == HWY_AVX3
@@ -92,9 +86,10 @@ struct Bf16Plan {
   // Multiply by widening each BF16 to F32 (a 16-bit unpack) and FMAs instead of vdpbf16ps
   // (Bf16WidenPays).
   bool widen = false;
-  // E4M3 keys as FP16 halves, multiplied by vfmadd231ph (see the file comment): the queries
-  // come from HalfPrepareQueries.
+  // FP8 keys and values as FP16 halves, multiplied by vfmadd231ph (attention_half-inl.h): the
+  // queries come from HalfPrepareQueries; the values' state is in element order.
   bool half_keys = false;
+  bool half_values = false;
 };
 
 constexpr bool IsFp8Reader(Reader r) { return r == Reader::kFp8E4M3 || r == Reader::kFp8E5M2; }
@@ -111,21 +106,6 @@ bool CpuHasBf16Dot() {
       __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi");
   return has && !DotProductReadersDisabledForTest();
 }
-
-// The FP16 intrinsics need g++ (12 and later) or a clang from 15 on: clang 14's headers define
-// them only where the whole file is compiled for AVX512-FP16. Elsewhere E4M3 keys take the BF16
-// readers.
-#if !defined(__clang__) || __clang_major__ >= 15
-#define KVS_HALF_KEYS 1
-#define KVS_HALF_ATTR __attribute__((target(HWY_TARGET_STR ",avx512bf16,avx512vbmi,avx512fp16")))
-bool CpuHasFp16() {
-  static const bool has = __builtin_cpu_supports("avx512fp16");
-  return has && !HalfKeysDisabledForTest();
-}
-#else
-#define KVS_HALF_KEYS 0
-bool CpuHasFp16() { return false; }
-#endif
 
 bool Bf16Applies(const SideSpec& side, size_t head_dim, size_t lanes) {
   const bool format = side.reader == Reader::kBF16 || IsFp8Reader(side.reader);
@@ -202,7 +182,8 @@ Bf16Plan PlanBf16(const SideSpec& k_side, const SideSpec& v_side, size_t head_di
   Bf16Plan plan{Bf16Applies(k_side, head_dim, lanes), Bf16Applies(v_side, head_dim, lanes),
                 k_side.reader, v_side.reader};
   plan.widen = (plan.keys || plan.values) && Bf16WidenPays(std::min(group, 4));
-  plan.half_keys = plan.keys && plan.key_reader == Reader::kFp8E4M3 && CpuHasFp16();
+  plan.half_keys = plan.keys && IsFp8Reader(plan.key_reader) && CpuHasFp16();
+  plan.half_values = plan.values && IsFp8Reader(plan.value_reader) && CpuHasFp16();
   return plan;
 }
 
@@ -405,114 +386,6 @@ void Bf16ScoreTileIn(const Bf16Plan& plan, const RowSet& keys, const RowSet& val
   Bf16ScoreTileOf<kR, false>(keys, values, num_keys, q, qw, group, head_dim, s, s_stride);
 }
 
-#if KVS_HALF_KEYS
-
-// The `group` query heads q: [group, head_dim] (scaled, rotated), each times 2^s_j, as FP16 in
-// element order into out: [group, head_dim], with unscale[j] = 2^(8 - s_j): what a sum of
-// products with the halves of E4M3 codes (worth the value times 2^-8) is multiplied by.
-KVS_HALF_ATTR void HalfPrepareQueries(const float* q, int group, size_t head_dim, uint16_t* out,
-                                      float* unscale) {
-  for (int j = 0; j < group; ++j) {
-    const float* qj = q + static_cast<size_t>(j) * head_dim;
-    __m512 vmax = _mm512_setzero_ps();
-    for (size_t e = 0; e < head_dim; e += 16) {
-      vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(qj + e)));
-    }
-    const float max_abs = _mm512_reduce_max_ps(vmax);
-    int exponent = 0;  // max_abs = m 2^exponent, m in [0.5, 1): times 2^(8 - exponent), [128, 256)
-    if (std::isfinite(max_abs) && max_abs > 0.0f) std::frexp(max_abs, &exponent);
-    // (Clamped so that 2^shift and 2^(8 - shift) stay finite: a query below 2^-118 scores about
-    // 0 with any key, one near F32's largest overflows its scores in the reference too.)
-    const int shift = std::clamp(8 - exponent, -118, 126);
-    const __m512 scale = _mm512_set1_ps(std::ldexp(1.0f, shift));
-    for (size_t e = 0; e < head_dim; e += 16) {
-      const __m256i h = _mm512_cvtps_ph(_mm512_mul_ps(_mm512_loadu_ps(qj + e), scale),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j * head_dim + e), h);
-    }
-    unscale[j] = std::ldexp(1.0f, 8 - shift);
-  }
-}
-
-// Elements [e, e + 32) of an E4M3 row as FP16 halves worth the values times 2^-8 (the file
-// comment), in element order.
-KVS_HALF_ATTR HWY_INLINE __m512h E4M3ChunkToHalves(const std::byte* row, size_t e) {
-  const __m512i words = _mm512_cvtepi8_epi16(
-      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + sizeof(uint16_t) + e)));
-  __m512i h = _mm512_and_si512(_mm512_slli_epi16(words, 7), _mm512_set1_epi16(0x3FFF - 0x8000));
-  // The NaN codes (magnitude 0x7F) come out as +-1.875 (0x3F80, 0xBF80), which no other code
-  // does.
-  const __mmask32 nan =
-      _mm512_cmpeq_epi16_mask(_mm512_or_si512(h, _mm512_set1_epi16(static_cast<int16_t>(0x8000))),
-                              _mm512_set1_epi16(static_cast<int16_t>(0xBF80)));
-  h = _mm512_mask_mov_epi16(h, nan, _mm512_set1_epi16(0x7E00));
-  return _mm512_castsi512_ph(h);
-}
-
-// The 32 FP16 lanes of x as 16 F32 lanes (pairs summed in F32; each conversion exact).
-KVS_HALF_ATTR HWY_INLINE __m512 HalfLanesToF32(__m512h x) {
-  const __m512i bits = _mm512_castph_si512(x);
-  return _mm512_add_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(bits)),
-                       _mm512_cvtph_ps(_mm512_extracti64x4_epi64(bits, 1)));
-}
-
-// Scores of E4M3 keys key0 .. key0 + 3 against kNumQ query heads qh: [kNumQ, head_dim] FP16
-// (HalfPrepareQueries), written to s[j * s_stride + key0 + key].
-template <int kNumQ>
-KVS_HALF_ATTR HWY_INLINE void HalfScoreFourRows(const RowSet& keys, size_t key0, const uint16_t* qh,
-                                                const float* unscale, size_t head_dim, float* s,
-                                                size_t s_stride) {
-  const DF df;
-  __m512h acc[kNumQ][4];
-  for (int j = 0; j < kNumQ; ++j) {
-    for (int key = 0; key < 4; ++key) acc[j][key] = _mm512_setzero_ph();
-  }
-  for (size_t e = 0; e < head_dim; e += kBf16Chunk) {
-    __m512h k[4];
-    for (int key = 0; key < 4; ++key) k[key] = E4M3ChunkToHalves(keys.rows[key0 + key], e);
-    for (int j = 0; j < kNumQ; ++j) {
-      const __m512h qv = _mm512_castsi512_ph(_mm512_loadu_si512(qh + j * head_dim + e));
-      for (int key = 0; key < 4; ++key) acc[j][key] = _mm512_fmadd_ph(qv, k[key], acc[j][key]);
-    }
-  }
-  const __m128 scales = LoadRowScales(hn::FixedTag<float, 4>(), keys.rows + key0).raw;
-  for (int j = 0; j < kNumQ; ++j) {
-    float* sj = s + j * s_stride + key0;
-    SumOfLanes4(df, hn::Vec<DF>{HalfLanesToF32(acc[j][0])}, hn::Vec<DF>{HalfLanesToF32(acc[j][1])},
-                hn::Vec<DF>{HalfLanesToF32(acc[j][2])}, hn::Vec<DF>{HalfLanesToF32(acc[j][3])}, sj);
-    _mm_storeu_ps(sj, _mm_mul_ps(_mm_loadu_ps(sj), _mm_mul_ps(scales, _mm_set1_ps(unscale[j]))));
-  }
-}
-
-KVS_HALF_ATTR void HalfScoreTile(const RowSet& keys, const RowSet& values, size_t num_keys,
-                                 const uint16_t* qh, const float* unscale, int group,
-                                 size_t head_dim, float* s, size_t s_stride) {
-  for (size_t key = 0; key < num_keys; key += 4) {
-    PrefetchAhead(keys, key, num_keys);
-    PrefetchAhead(values, key, num_keys);
-    // Heads by 4, 2, 1 (ForEachHeadStep's steps; a lambda would not carry KVS_HALF_ATTR).
-    int j = 0;
-    for (; j + 4 <= group; j += 4) {
-      HalfScoreFourRows<4>(keys, key, qh + j * head_dim, unscale + j, head_dim, s + j * s_stride,
-                           s_stride);
-    }
-    for (; j + 2 <= group; j += 2) {
-      HalfScoreFourRows<2>(keys, key, qh + j * head_dim, unscale + j, head_dim, s + j * s_stride,
-                           s_stride);
-    }
-    for (; j < group; ++j) {
-      HalfScoreFourRows<1>(keys, key, qh + j * head_dim, unscale + j, head_dim, s + j * s_stride,
-                           s_stride);
-    }
-  }
-}
-
-#else
-
-void HalfPrepareQueries(const float*, int, size_t, uint16_t*, float*) {}
-
-#endif  // KVS_HALF_KEYS
-
 // Scores of a tile's keys (rows padded to a multiple of 4) for the `group` query heads:
 //   q: [group, head_dim] FP16 with plan.half_keys (HalfPrepareQueries, its unscale in
 //   half_unscale: [group]), else BF16 (Bf16PrepareQueries), read unless plan.widen;
@@ -520,11 +393,10 @@ void HalfPrepareQueries(const float*, int, size_t, uint16_t*, float*) {}
 void Bf16ScoreTile(const Bf16Plan& plan, const RowSet& keys, const RowSet& values, size_t num_keys,
                    const uint16_t* q, const float* half_unscale, const float* qw, int group,
                    size_t head_dim, float* s, size_t s_stride) {
-#if KVS_HALF_KEYS
   if (plan.half_keys) {
-    return HalfScoreTile(keys, values, num_keys, q, half_unscale, group, head_dim, s, s_stride);
+    return HalfScoreTile(plan.key_reader, keys, values, num_keys, q, half_unscale, group, head_dim,
+                         s, s_stride);
   }
-#endif
   switch (plan.key_reader) {
     case Reader::kFp8E4M3:
       return Bf16ScoreTileIn<Reader::kFp8E4M3>(plan, keys, values, num_keys, q, qw, group, head_dim,
@@ -701,6 +573,10 @@ void Bf16AccumulateTileIn(const Bf16Plan& plan, const RowSet& values, size_t num
 void Bf16AccumulateTile(const Bf16Plan& plan, const RowSet& values, size_t num_keys, const float* p,
                         size_t p_stride, int group, size_t head_dim, float* state,
                         size_t state_stride) {
+  if (plan.half_values) {
+    return HalfAccumulateTile(plan.value_reader, values, num_keys, p, p_stride, group, head_dim,
+                              state, state_stride);
+  }
   switch (plan.value_reader) {
     case Reader::kFp8E4M3:
       return Bf16AccumulateTileIn<Reader::kFp8E4M3>(plan, values, num_keys, p, p_stride, group,
@@ -715,8 +591,10 @@ void Bf16AccumulateTile(const Bf16Plan& plan, const RowSet& values, size_t num_k
 }
 
 // A task's `group` states [group, state_stride] from Bf16AccumulateTile's order back to element
-// order, once per task.
-void Bf16OrderToElements(int group, size_t head_dim, float* state, size_t state_stride) {
+// order, once per task (FP16 values are in element order already).
+void Bf16OrderToElements(const Bf16Plan& plan, int group, size_t head_dim, float* state,
+                         size_t state_stride) {
+  if (!plan.values || plan.half_values) return;
   float row[kBf16MaxHeadDim];
   for (int j = 0; j < group; ++j) {
     float* st = state + j * state_stride;
@@ -726,20 +604,17 @@ void Bf16OrderToElements(int group, size_t head_dim, float* state, size_t state_
 }
 
 #undef KVS_BF16_ATTR
-#undef KVS_HALF_ATTR
-#undef KVS_HALF_KEYS
 
 #else  // not AVX3: the float readers everywhere
 
 Bf16Plan PlanBf16(const SideSpec&, const SideSpec&, size_t, size_t, int) { return {}; }
 void Bf16PrepareQueries(const float*, int, size_t, uint16_t*) {}
 void Bf16WidenQueries(const float*, int, size_t, float*) {}
-void HalfPrepareQueries(const float*, int, size_t, uint16_t*, float*) {}
 void Bf16ScoreTile(const Bf16Plan&, const RowSet&, const RowSet&, size_t, const uint16_t*,
                    const float*, const float*, int, size_t, float*, size_t) {}
 void Bf16AccumulateTile(const Bf16Plan&, const RowSet&, size_t, const float*, size_t, int, size_t,
                         float*, size_t) {}
-void Bf16OrderToElements(int, size_t, float*, size_t) {}
+void Bf16OrderToElements(const Bf16Plan&, int, size_t, float*, size_t) {}
 
 #endif  // HWY_TARGET == HWY_AVX3
 

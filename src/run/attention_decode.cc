@@ -135,8 +135,8 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
   // (attention_amx-inl.h).
   const bool amx_keys = AmxKeysApply(vnni, group);
   const bool amx_values = AmxValuesApply(vnni_values, group);
-  // BF16 and FP8 keys and values on CPUs with AVX512_BF16, E4M3 keys in FP16 where AVX512-FP16
-  // (attention_bf16-inl.h).
+  // BF16 and FP8 keys and values on CPUs with AVX512_BF16, FP8 in FP16 where AVX512-FP16
+  // (attention_bf16-inl.h, attention_half-inl.h).
   const Bf16Plan bf16 = PlanBf16(k_side, v_side, head_dim, nd, group);
   thread_local std::vector<VnniQuery> vnni_queries;
   thread_local AmxQueries amx_queries;
@@ -147,7 +147,7 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
   if (bf16.half_keys) {
     q16.resize(static_cast<size_t>(group) * head_dim);
     half_unscale.resize(group);
-    HalfPrepareQueries(q, group, head_dim, q16.data(), half_unscale.data());
+    HalfPrepareQueries(bf16.key_reader, q, group, head_dim, q16.data(), half_unscale.data());
   } else if (bf16.keys && bf16.widen) {
     widened_queries.resize(static_cast<size_t>(group) * head_dim);
     Bf16WidenQueries(q, group, head_dim, widened_queries.data());
@@ -247,7 +247,7 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
   if (vnni_values.ok && vnni_values.value_spans > 0) {  // span order: back to element order
     VnniSpanOrderToElements(vnni_values, group, state, state_stride);
   }
-  if (bf16.values) Bf16OrderToElements(group, head_dim, state, state_stride);
+  Bf16OrderToElements(bf16, group, head_dim, state, state_stride);
   if (sink != nullptr && sink->row != nullptr) {
     // What the merge of a single part computes: its max, and 1 / its sum (its weight there is
     // exp(0) = 1), the same bits.

@@ -35,10 +35,10 @@ enum class Bf16MultiplyForTest : uint8_t { kMeasured, kDot, kWiden };
 void SetBf16MultiplyForTest(Bf16MultiplyForTest how);
 Bf16MultiplyForTest Bf16MultiplySetForTest();
 
-// Tests only: whether FP8 E4M3 keys are multiplied in FP16 (attention_bf16-inl.h, on CPUs with
-// AVX512-FP16) or, switched off, by the BF16 readers as elsewhere. Same contract as above.
-void DisableHalfKeysForTest(bool disabled);
-bool HalfKeysDisabledForTest();
+// Tests only: whether FP8 keys and values are multiplied in FP16 (attention_bf16-inl.h, on CPUs
+// with AVX512-FP16) or, switched off, by the BF16 readers as elsewhere. Same contract as above.
+void DisableHalfReadersForTest(bool disabled);
+bool HalfReadersDisabledForTest();
 
 // Tests only: whether the AMX tile multiplies (attention_amx-inl.h) are switched off, so that the
 // VNNI readers they replace on CPUs with AMX are tested there too. Same contract as above.

@@ -319,14 +319,15 @@ constexpr int kScoreHeadStep = 4;
 constexpr int kScoreHeadStep = 2;
 #endif
 
-// Walks the units [0, num_units) (vectors or chunks of a row) in slices of kMax units (a power
-// of two: as many as the accumulators in registers allow), then the rest in at most one slice
+// Walks the units [0, num_units) (vectors or chunks of a row) in slices of kMax units (1, 2, 4
+// or 8: as many as the accumulators in registers allow), then the rest in at most one slice
 // each of 4, 2 and 1, so that a row is passed over as few times as the registers allow:
 // calls slice.template operator()<kUnits>(first_unit). Not forced inline, so that a slice may
 // carry a wider target attribute than this walker (the BF16 readers'); a call per slice of a
 // tile's keys costs nothing next to the slice.
 template <int kMax, class Slice>
 inline void ForEachSlice(size_t num_units, const Slice& slice) {
+  static_assert(kMax == 1 || kMax == 2 || kMax == 4 || kMax == 8, "the rest is walked by 4, 2, 1");
   size_t u = 0;
   for (; u + kMax <= num_units; u += kMax) slice.template operator()<kMax>(u);
   if constexpr (kMax > 4) {

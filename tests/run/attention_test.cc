@@ -305,8 +305,9 @@ TEST(AttentionTest, Bf16CodecsAtEveryGroupAndWidth) {
   // 2 and 1, head_dim in slices of 1 to 8 chunks of 32 (48 takes the float readers: not whole
   // chunks), an odd number of keys in the last tile (value rows go in pairs), BF16 on one side
   // or both, FP8 (the same readers), sinks and pending tokens. Three times: the BF16 readers by
-  // vdpbf16ps, the same widened to F32 FMAs, the float readers (E4M3 keys, which take FP16 on
-  // CPUs with AVX512-FP16, also through the BF16 readers both ways). Where the CPU has them, the
+  // vdpbf16ps, the same widened to F32 FMAs, the float readers (FP8 rows, which take FP16 on
+  // CPUs with AVX512-FP16, also through the BF16 readers both ways; FP8 beside BF16, so that
+  // one side in FP16 meets the other in the BF16 readers). Where the CPU has them, the
   // first and the last must also differ where the query is rounded (the queries lie on a grid of
   // powers of two times 1/sqrt(head_dim), BF16 values at head_dim 64 and 256): equal outputs would
   // mean the dot-product readers never ran.
@@ -323,7 +324,9 @@ TEST(AttentionTest, Bf16CodecsAtEveryGroupAndWidth) {
                                {"bf16", "f32"},
                                {"f16", "bf16"},
                                {"fp8_e4m3", "fp8_e5m2"},
-                               {"fp8_e5m2", "fp8_e4m3"}}) {
+                               {"fp8_e5m2", "fp8_e4m3"},
+                               {"fp8_e5m2", "bf16"},
+                               {"bf16", "fp8_e4m3"}}) {
       for (int group : {1, 3, 4, 5, 8}) {
         const Case c = ReadersCase(701, 2, group, head_dim, k, v);
         ThreadPool* threads = group % 2 == 0 ? &pool : nullptr;
@@ -331,12 +334,13 @@ TEST(AttentionTest, Bf16CodecsAtEveryGroupAndWidth) {
         const std::vector<float> dot = RunAndCompare(c, {LayoutKind::kPaged, 64}, threads);
         SetBf16MultiplyForTest(Bf16MultiplyForTest::kWiden);
         RunAndCompare(c, {LayoutKind::kPaged, 64}, threads);
-        if (std::string(k) == "fp8_e4m3") {  // (above in FP16 where the CPU has AVX512-FP16)
-          DisableHalfKeysForTest(true);
+        const auto fp8 = [](const char* codec) { return std::string(codec).starts_with("fp8"); };
+        if (fp8(k) || fp8(v)) {  // (above in FP16 where the CPU has AVX512-FP16)
+          DisableHalfReadersForTest(true);
           RunAndCompare(c, {LayoutKind::kPaged, 64}, threads);
           SetBf16MultiplyForTest(Bf16MultiplyForTest::kDot);
           RunAndCompare(c, {LayoutKind::kPaged, 64}, threads);
-          DisableHalfKeysForTest(false);
+          DisableHalfReadersForTest(false);
         }
         SetBf16MultiplyForTest(Bf16MultiplyForTest::kMeasured);
         DisableDotProductReadersForTest(true);
@@ -473,6 +477,23 @@ int ExpectStoredValuesOnEveryTarget(const Case& c, const std::vector<float>& v) 
   return ExpectReferenceOnEveryTarget(cache, q, params, c.v_codec) / c.group;
 }
 
+// The ways FP8 rows are read where the CPU has them: in FP16 (AVX512-FP16), by the BF16
+// readers through vdpbf16ps or widened, by the float readers. Runs `fn(name)` under each.
+template <class Fn>
+void ForEachFp8Path(Fn&& fn) {
+  fn("FP16");
+  DisableHalfReadersForTest(true);
+  SetBf16MultiplyForTest(Bf16MultiplyForTest::kDot);
+  fn("vdpbf16ps");
+  SetBf16MultiplyForTest(Bf16MultiplyForTest::kWiden);
+  fn("widened");
+  SetBf16MultiplyForTest(Bf16MultiplyForTest::kMeasured);
+  DisableHalfReadersForTest(false);
+  DisableDotProductReadersForTest(true);
+  fn("float readers");
+  DisableDotProductReadersForTest(false);
+}
+
 TEST(AttentionTest, Fp8ReadersDecodeEveryCodeOnEverySimdTarget) {
   // Row h holds the codes 64 h .. 64 h + 63 (subnormals, both zeros and the NaN codes among
   // them), then the format's largest finite value, which pins the row's scale at 1, so every
@@ -483,49 +504,30 @@ TEST(AttentionTest, Fp8ReadersDecodeEveryCodeOnEverySimdTarget) {
     float max_finite;
     int nan_codes;
   };
-  // Both ways the BF16 readers multiply (where the CPU has them), one query head and four.
-  for (const auto& [how, group] : {std::pair{Bf16MultiplyForTest::kDot, 1},
-                                   {Bf16MultiplyForTest::kWiden, 1},
-                                   {Bf16MultiplyForTest::kWiden, 4}}) {
-    SetBf16MultiplyForTest(how);
-    SCOPED_TRACE(how == Bf16MultiplyForTest::kDot ? "vdpbf16ps" : "widened");
-    for (const Format& f : {Format{"fp8_e4m3", &Fp8E4M3ToF32, 448.0f, 2},
-                            Format{"fp8_e5m2", &Fp8E5M2ToF32, 57344.0f, 6}}) {
-      Case c;
-      c.num_tokens = 1;
-      c.num_kv_heads = 4;
-      c.head_dim = 128;
-      c.v_codec = f.codec;
-      std::vector<float> v(static_cast<size_t>(c.num_kv_heads) * c.head_dim, 0.0f);
-      for (int h = 0; h < c.num_kv_heads; ++h) {
-        for (int e = 0; e < 64; ++e) {
-          const float x = f.decode(static_cast<uint8_t>(64 * h + e));
-          v[h * c.head_dim + e] = std::isinf(x) ? 0.0f : x;
+  // Every way FP8 rows are read (where the CPU has them), one query head and four.
+  for (int group : {1, 4}) {
+    ForEachFp8Path([&](const char* path) {
+      SCOPED_TRACE(path);
+      for (const Format& f : {Format{"fp8_e4m3", &Fp8E4M3ToF32, 448.0f, 2},
+                              Format{"fp8_e5m2", &Fp8E5M2ToF32, 57344.0f, 6}}) {
+        Case c;
+        c.num_tokens = 1;
+        c.num_kv_heads = 4;
+        c.head_dim = 128;
+        c.v_codec = f.codec;
+        std::vector<float> v(static_cast<size_t>(c.num_kv_heads) * c.head_dim, 0.0f);
+        for (int h = 0; h < c.num_kv_heads; ++h) {
+          for (int e = 0; e < 64; ++e) {
+            const float x = f.decode(static_cast<uint8_t>(64 * h + e));
+            v[h * c.head_dim + e] = std::isinf(x) ? 0.0f : x;
+          }
+          v[h * c.head_dim + 64] = f.max_finite;
         }
-        v[h * c.head_dim + 64] = f.max_finite;
+        c.group = group;
+        EXPECT_EQ(ExpectStoredValuesOnEveryTarget(c, v), f.nan_codes) << f.codec;
       }
-      c.group = group;
-      EXPECT_EQ(ExpectStoredValuesOnEveryTarget(c, v), f.nan_codes) << f.codec;
-    }
+    });
   }
-  SetBf16MultiplyForTest(Bf16MultiplyForTest::kMeasured);
-}
-
-// The ways E4M3 keys are read where the CPU has them: in FP16 (AVX512-FP16), by the BF16
-// readers through vdpbf16ps or widened, by the float readers. Runs `fn(name)` under each.
-template <class Fn>
-void ForEachE4M3KeyPath(Fn&& fn) {
-  fn("FP16 keys");
-  DisableHalfKeysForTest(true);
-  SetBf16MultiplyForTest(Bf16MultiplyForTest::kDot);
-  fn("vdpbf16ps");
-  SetBf16MultiplyForTest(Bf16MultiplyForTest::kWiden);
-  fn("widened");
-  SetBf16MultiplyForTest(Bf16MultiplyForTest::kMeasured);
-  DisableHalfKeysForTest(false);
-  DisableDotProductReadersForTest(true);
-  fn("float readers");
-  DisableDotProductReadersForTest(false);
 }
 
 TEST(AttentionTest, Fp8E4M3KeysScoreEveryCodeExactlyOnEveryPath) {
@@ -556,7 +558,7 @@ TEST(AttentionTest, Fp8E4M3KeysScoreEveryCodeExactlyOnEveryPath) {
       q[head * c.head_dim] = 0x1p-6f;
     }
     const AttentionParams params{c.num_kv_heads * group, 1.0f};
-    ForEachE4M3KeyPath([&](const char* path) {
+    ForEachFp8Path([&](const char* path) {
       const std::string what = "group " + std::to_string(group) + ", " + path;
       EXPECT_EQ(ExpectReferenceOnEveryTarget(cache, q, params, what), 2 * group * c.head_dim);
     });
