@@ -22,7 +22,9 @@
 // use the exact query sum.
 //
 // KIVI keys fold each unit's per-channel scales into the query, so their queries are quantised
-// once per unit (VnniPrepareKiviUnit) instead of once per task.
+// once per unit (VnniPrepareKiviUnit) instead of once per task, with a step per block of
+// max|q| x max|scale| / 127 (a bound on |q * scale|, not its maximum: each element is off by at
+// most 1/254 of that bound).
 //
 // Values: see VnniAccumulateTile (int16 weights, vpdpwssd over pairs of keys; 4- and 2-bit codes
 // by 16-byte spans, AccumulateSpans).
@@ -597,41 +599,51 @@ KVS_VNNI_ATTR void VnniScoreTileBits(const VnniPlan& plan, const RowSet& keys, c
   }
 }
 
-// The largest lane of each of v[0..15], out[i] for v[i], by a tree of shuffles (45
-// instructions for all 16, against about 9 each with a reduction per vector). Each level folds
-// pairs of vectors into one: 8 lanes each, then 4 (a 128-bit lane each), 2, 1; the last level
-// leaves the maximum of input 4 k + L in lane 4 L + k, so inputs are taken in that transposed
-// order to come out in place.
-KVS_VNNI_ATTR HWY_INLINE void MaxOfLanes16(const __m512* v, float* out) {
-  __m512 a[8], b[4], c[2];
-  for (int i = 0; i < 8; ++i) {  // (input n is v[n % 4 * 4 + n / 4])
-    const __m512 x = v[2 * i % 4 * 4 + 2 * i / 4], y = v[(2 * i + 1) % 4 * 4 + (2 * i + 1) / 4];
-    a[i] = _mm512_max_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
+// The largest lane of each of v[0..3], as lanes 0..3, by a tree of shuffles (14 instructions for
+// all four, against about 7 each, one after the other, with a reduction per vector).
+KVS_VNNI_ATTR HWY_INLINE __m128 MaxOfLanes4(const __m512* v) {
+  // 128-bit lanes of x: v[0]'s lanes 0|2 and 1|3 folded, then v[1]'s; of y the same for v[2], v[3].
+  const __m512 x =
+      _mm512_max_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x44), _mm512_shuffle_f32x4(v[0], v[1], 0xEE));
+  const __m512 y =
+      _mm512_max_ps(_mm512_shuffle_f32x4(v[2], v[3], 0x44), _mm512_shuffle_f32x4(v[2], v[3], 0xEE));
+  // 128-bit lane i of z: 4 partial maxima of v[i].
+  __m512 z = _mm512_max_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
+  z = _mm512_max_ps(z, _mm512_permute_ps(z, _MM_SHUFFLE(1, 0, 3, 2)));
+  z = _mm512_max_ps(z, _mm512_permute_ps(z, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm512_castps512_ps128(
+      _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), z));
+}
+
+// KIVI: the `group` query heads q: [group, head_dim] scaled per block of 32 elements by 127 over
+// the block's largest |element| (0 for a block of zeros), into qhat: [group, head_dim], and those
+// largest into qmax: [group, head_dim / 32]. Once per tile, for VnniPrepareKiviUnit.
+KVS_VNNI_ATTR void KiviScaleQueries(const float* q, int group, int head_dim, float* qhat,
+                                    float* qmax) {
+  for (int j = 0; j < group; ++j) {
+    for (int b0 = 0; b0 < head_dim; b0 += 32) {
+      const size_t e = static_cast<size_t>(j) * head_dim + b0;
+      const float m = MaxAbs(q + e, 32);
+      qmax[e / 32] = m;
+      const __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+      _mm512_storeu_ps(qhat + e, _mm512_mul_ps(_mm512_loadu_ps(q + e), inv));
+      _mm512_storeu_ps(qhat + e + 16, _mm512_mul_ps(_mm512_loadu_ps(q + e + 16), inv));
+    }
   }
-  for (int i = 0; i < 4; ++i) {  // 128-bit lane L of b[i]: input 4 i + L
-    const __m512 x = a[2 * i], y = a[2 * i + 1];
-    b[i] = _mm512_max_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
-  }
-  for (int i = 0; i < 2; ++i) {
-    const __m512 x = b[2 * i], y = b[2 * i + 1];
-    c[i] = _mm512_max_ps(_mm512_shuffle_ps(x, y, _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_ps(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
-  }
-  _mm512_storeu_ps(out, _mm512_max_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                      _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1))));
 }
 
 // KIVI: the `group` query heads q: [group, head_dim] folded with one unit's per-channel (scale,
-// min) pairs and quantised as VnniPrepareQueries quantises (int8 per block of 32, step 1/127 of
-// the block's largest |q * scale|): out[j] for q_j * scale, bias[j] = q_j . min. Once per unit
-// and kv head, so all heads go at once and nothing goes through memory per element: the pairs
-// are converted once; a first pass takes every block's largest |q * scale| by one shuffle tree
-// per 16 blocks (MaxOfLanes16) instead of a reduction each; the steps and their reciprocals come
-// 16 blocks to a vector; a second pass multiplies again (cheaper than storing the products and
-// reading them back) and packs 64 quantised elements into one vector with two vpackssdw and a
+// min) pairs and quantised to int8 per block of 32 channels: out[j] for q_j * scale, bias[j] =
+// q_j . min. The step of block b is max|q_j| over b times max|scale| over b, over 127: a bound on
+// |q_j * scale| there, so that the products' own maxima need not be found per unit (each element
+// is off by at most half a step, 1/254 of that bound). With qhat and qmax from KiviScaleQueries
+// the codes are qhat * (scale / max|scale|), each at most 127 in magnitude; once per unit and kv
+// head, all heads at once: the pairs are converted and the ratios taken once, then one multiply
+// per 16 elements and head, and 64 codes packed into one vector with two vpackssdw and a
 // vpacksswb, whose order the permute into column order undoes (packed_query_index).
 KVS_VNNI_ATTR void VnniPrepareKiviUnit(const VnniPlan& plan, const std::byte* unit, const float* q,
-                                       int group, VnniQuery* out, float* bias) {
+                                       const float* qhat, const float* qmax, int group,
+                                       VnniQuery* out, float* bias) {
   const int head_dim = static_cast<int>(plan.head_dim);
   const int num_vectors = head_dim / 16, blocks_per_head = head_dim / 32;
   __m512 scale[kVnniMaxHeadDim / 16], min[kVnniMaxHeadDim / 16];
@@ -640,61 +652,62 @@ KVS_VNNI_ATTR void VnniPrepareKiviUnit(const VnniPlan& plan, const std::byte* un
     scale[v] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(pairs));
     min[v] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(pairs, 16)));
   }
-  // Each block's largest |q * scale| (16 blocks per tree), and the biases.
-  thread_local std::vector<float> block_max, block_inv, block_step;
-  const size_t num_blocks = static_cast<size_t>(group) * blocks_per_head;
-  const size_t padded_blocks = (num_blocks + 15) / 16 * 16;
-  block_max.resize(padded_blocks);
-  block_inv.resize(padded_blocks);
-  block_step.resize(padded_blocks);
-  __m512 block_abs[16];
-  size_t pending = 0;  // blocks in block_abs
-  for (int j = 0; j < group; ++j) {
-    const float* qj = q + static_cast<size_t>(j) * head_dim;
-    __m512 b = _mm512_setzero_ps();
-    for (int v = 0; v < num_vectors; v += 2) {
-      const __m512 q0 = _mm512_loadu_ps(qj + 16 * v), q1 = _mm512_loadu_ps(qj + 16 * v + 16);
-      const __m512 x0 = _mm512_mul_ps(q0, scale[v]), x1 = _mm512_mul_ps(q1, scale[v + 1]);
-      b = _mm512_fmadd_ps(q1, min[v + 1], _mm512_fmadd_ps(q0, min[v], b));
-      block_abs[pending++] = _mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1));
-      if (pending == 16) {
-        const size_t first = static_cast<size_t>(j) * blocks_per_head + (v / 2) + 1 - 16;
-        MaxOfLanes16(block_abs, block_max.data() + first);
-        pending = 0;
+  // Per block: the largest |scale| (4 blocks per MaxOfLanes4, padded with zeros) and its
+  // reciprocal (0 for 0), in vectors, so that nothing is stored by lanes and read back whole.
+  alignas(16) float scale_max[kVnniMaxHeadDim / 32], scale_inv[kVnniMaxHeadDim / 32];
+  for (int b0 = 0; b0 < blocks_per_head; b0 += 4) {
+    __m512 block_abs[4];
+    for (int i = 0; i < 4; ++i) {
+      const int v = 2 * (b0 + i);
+      block_abs[i] = v < num_vectors
+                         ? _mm512_max_ps(_mm512_abs_ps(scale[v]), _mm512_abs_ps(scale[v + 1]))
+                         : _mm512_setzero_ps();
+    }
+    const __m128 m = MaxOfLanes4(block_abs);
+    const __mmask8 positive = _mm_cmp_ps_mask(m, _mm_setzero_ps(), _CMP_GT_OQ);
+    _mm_store_ps(scale_max + b0, m);
+    _mm_store_ps(scale_inv + b0, _mm_maskz_div_ps(positive, _mm_set1_ps(1.0f), m));
+  }
+  for (int v = 0; v < num_vectors; ++v) {
+    scale[v] = _mm512_mul_ps(scale[v], _mm512_set1_ps(scale_inv[v / 2]));  // now the ratio
+  }
+  // The biases q_j . min, four heads' sums at a time.
+  int j = 0;
+  for (; j < group; j += 4) {
+    __m512 sum[4];
+    for (int i = 0; i < 4; ++i) {
+      sum[i] = _mm512_setzero_ps();
+      if (j + i >= group) continue;
+      const float* qj = q + static_cast<size_t>(j + i) * head_dim;
+      for (int v = 0; v < num_vectors; ++v) {
+        sum[i] = _mm512_fmadd_ps(_mm512_loadu_ps(qj + 16 * v), min[v], sum[i]);
       }
     }
-    bias[j] = _mm512_reduce_add_ps(b);
-  }
-  if (pending > 0) {
-    for (size_t i = pending; i < 16; ++i) block_abs[i] = _mm512_setzero_ps();
-    MaxOfLanes16(block_abs, block_max.data() + num_blocks - pending);
-  }
-  // Per block m: the reciprocal 127 / m (0 for m = 0), exact as a scalar division (the codes
-  // come out as VnniPrepareQueries' would), and the step m / (127 * 256) to within an ulp (one
-  // vector division per 16 blocks is the costly part here).
-  for (size_t i = 0; i < padded_blocks; i += 16) {
-    const __m512 m = _mm512_loadu_ps(block_max.data() + i);
-    const __mmask16 positive = _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_GT_OQ);
-    _mm512_storeu_ps(block_inv.data() + i,
-                     _mm512_maskz_div_ps(positive, _mm512_set1_ps(127.0f), m));
-    _mm512_storeu_ps(block_step.data() + i,
-                     _mm512_mul_ps(m, _mm512_set1_ps(1.0f / (127.0f * 256.0f))));
+    alignas(16) float sums[4];
+    SumOfLanes4(DF(), hn::Vec<DF>{sum[0]}, hn::Vec<DF>{sum[1]}, hn::Vec<DF>{sum[2]},
+                hn::Vec<DF>{sum[3]}, sums);
+    for (int i = 0; i < 4 && j + i < group; ++i) bias[j + i] = sums[i];
   }
   const __m512i packed_index = _mm512_load_si512(plan.packed_query_index);
-  for (int j = 0; j < group; ++j) {
-    const float* qj = q + static_cast<size_t>(j) * head_dim;
-    const float* inv = block_inv.data() + static_cast<size_t>(j) * blocks_per_head;
-    const float* steps = block_step.data() + static_cast<size_t>(j) * blocks_per_head;
+  const __m128 step_unit = _mm_set1_ps(1.0f / (127.0f * 256.0f));
+  for (j = 0; j < group; ++j) {
+    const size_t row = static_cast<size_t>(j) * head_dim;
+    const float* qhat_j = qhat + row;
     VnniQuery& vq = out[j];
-    for (int blk = 0; blk < blocks_per_head; ++blk) vq.block_scale[blk] = steps[blk];
+    // (Whole groups of 4 blocks: qmax is padded by KiviScaleQueries' caller, block_scale is
+    // longer than any head's blocks, and what lies beyond blocks_per_head is never read.)
+    for (int b0 = 0; b0 < blocks_per_head; b0 += 4) {
+      _mm_storeu_ps(vq.block_scale + b0, _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(qmax + row / 32 + b0),
+                                                               _mm_load_ps(scale_max + b0)),
+                                                    step_unit));
+    }
     for (int v0 = 0; v0 < num_vectors; v0 += 4) {  // 64 elements (the last 32 may be missing)
       __m512i h[4];
       for (int i = 0; i < 4; ++i) {
         const int v = v0 + i;
-        h[i] = v < num_vectors ? _mm512_cvtps_epi32(_mm512_mul_ps(
-                                     _mm512_mul_ps(_mm512_loadu_ps(qj + 16 * v), scale[v]),
-                                     _mm512_set1_ps(inv[v / 2])))
-                               : _mm512_setzero_si512();
+        h[i] = v < num_vectors
+                   ? _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(qhat_j + 16 * v), scale[v]))
+                   : _mm512_setzero_si512();
       }
       // Saturating to int16 and then to int8 is saturating to int8, as vpmovsdb would.
       const __m512i bytes =
@@ -708,7 +721,8 @@ KVS_VNNI_ATTR void VnniPrepareKiviUnit(const VnniPlan& plan, const std::byte* un
 
 // KIVI keys: a unit's key is codes * scale_c + min_c per channel c, so q . k = (q * scale) .
 // codes + q . min. Per unit and query head the query q' = q * scale is quantised as above (and
-// q . min kept as a bias); runs of a block's 16 keys that share a unit are scored with it.
+// q . min kept as a bias), from the query scaled once per tile (KiviScaleQueries); runs of a
+// block's 16 keys that share a unit are scored with it.
 //   q: [group, head_dim] scaled (and rotated) float queries
 template <int kBits>
 KVS_VNNI_ATTR void VnniScoreTileKivi(const VnniPlan& plan, const RowSet& keys, const RowSet& values,
@@ -719,8 +733,12 @@ KVS_VNNI_ATTR void VnniScoreTileKivi(const VnniPlan& plan, const RowSet& keys, c
   const int num_blocks = static_cast<int>(head_dim) / 32;
   thread_local std::vector<VnniQuery> unit_queries;
   thread_local std::vector<float> bias;  // [group] q . min of the unit
+  thread_local std::vector<float> qhat, qmax;
   unit_queries.resize(group);
   bias.resize(group);
+  qhat.resize(static_cast<size_t>(group) * head_dim);
+  qmax.resize(static_cast<size_t>(group) * num_blocks + 3);  // (+ 3: read in groups of 4)
+  KiviScaleQueries(q, group, static_cast<int>(head_dim), qhat.data(), qmax.data());
   const std::byte* prepared_unit = nullptr;
   __m512 scale[1] = {_mm512_set1_ps(1.0f)}, min[1] = {_mm512_setzero_ps()};
   alignas(64) float block_scores[4 * 16];
@@ -736,7 +754,8 @@ KVS_VNNI_ATTR void VnniScoreTileKivi(const VnniPlan& plan, const RowSet& keys, c
       size_t run_end = k + 1;
       while (run_end < key0 + 16 && keys.hdrs[run_end] == unit) ++run_end;
       if (unit != prepared_unit) {
-        VnniPrepareKiviUnit(plan, unit, q, group, unit_queries.data(), bias.data());
+        VnniPrepareKiviUnit(plan, unit, q, qhat.data(), qmax.data(), group, unit_queries.data(),
+                            bias.data());
         prepared_unit = unit;
       }
       const __mmask16 run = static_cast<__mmask16>(((1u << (run_end - k)) - 1) << (k - key0));

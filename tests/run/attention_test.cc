@@ -565,6 +565,46 @@ TEST(AttentionTest, Fp8E4M3KeysScoreEveryCodeExactlyOnEveryPath) {
   }
 }
 
+TEST(AttentionTest, KiviKeysOnTheirGridScoreExactly) {
+  // KIVI keys whose channels in block b (32 channels) each span the codes 0 .. 2^bits - 1 times
+  // d_b = 2^-b over every unit, so that every channel stores scale d_b and min 0, against query
+  // elements of one magnitude: the VNNI reader folds them into codes of exactly +-127 with a
+  // step of |q| d_b / 127, so its scores are exact to float rounding and the output must match
+  // the reference to 1e-6. A fold that takes a block's scale maximum from another block, or a
+  // ratio or step off by 1 %, fails here (the random tests' tolerance of 1e-2 lets such slips
+  // through). Blocks 3 (padded to 4 in the preparation), 4 and 8; steps of heads 4, 2 and 1.
+  for (const char* codec : {"kivi2", "kivi4"}) {
+    const int levels = std::string(codec) == "kivi2" ? 4 : 16;
+    for (int head_dim : {96, 128, 256}) {
+      for (int group : {1, 4, 7}) {
+        Case c;
+        c.num_tokens = 64;
+        c.num_kv_heads = 2;
+        c.head_dim = head_dim;
+        c.group = group;
+        c.k_codec = codec;
+        c.v_codec = "f32";
+        const size_t row = static_cast<size_t>(c.num_kv_heads) * head_dim;
+        std::vector<float> k(c.num_tokens * row);
+        for (int t = 0; t < c.num_tokens; ++t) {
+          for (size_t i = 0; i < row; ++i) {
+            const int e = static_cast<int>(i) % head_dim, code = (t + static_cast<int>(i)) % levels;
+            k[t * row + i] = std::ldexp(static_cast<float>(code), -(e / 32));
+          }
+        }
+        const std::vector<float> v = RandomVector(k.size(), 1.0f, 2);
+        const TestCache cache = BuildCache(k, v, c, {LayoutKind::kPaged, 64});
+        std::vector<float> q(row * group);
+        for (size_t i = 0; i < q.size(); ++i) q[i] = i % 3 == 0 ? -0.0625f : 0.0625f;
+        const AttentionParams params{c.num_kv_heads * group, 0.05f};
+        const std::string what = std::string(codec) + " head_dim " + std::to_string(head_dim) +
+                                 " group " + std::to_string(group);
+        EXPECT_EQ(ExpectReferenceOnEveryTarget(cache, q, params, what), 0);
+      }
+    }
+  }
+}
+
 TEST(AttentionTest, F16ReaderKeepsInfinitiesAndNaNsOnEverySimdTarget) {
   Case c;
   c.num_tokens = 1;
