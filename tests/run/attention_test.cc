@@ -577,13 +577,12 @@ TEST(AttentionTest, KiviKeysOnTheirGridScoreExactly) {
     const int levels = std::string(codec) == "kivi2" ? 4 : 16;
     for (int head_dim : {96, 128, 256}) {
       for (int group : {1, 4, 7}) {
-        Case c;
-        c.num_tokens = 64;
-        c.num_kv_heads = 2;
-        c.head_dim = head_dim;
-        c.group = group;
-        c.k_codec = codec;
-        c.v_codec = "f32";
+        const Case c{.num_tokens = 64,
+                     .num_kv_heads = 2,
+                     .group = group,
+                     .head_dim = head_dim,
+                     .k_codec = codec,
+                     .v_codec = "f32"};
         const size_t row = static_cast<size_t>(c.num_kv_heads) * head_dim;
         std::vector<float> k(c.num_tokens * row);
         for (int t = 0; t < c.num_tokens; ++t) {
