@@ -139,6 +139,7 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
   // (attention_bf16-inl.h, attention_half-inl.h).
   const Bf16Plan bf16 = PlanBf16(k_side, v_side, head_dim, nd, group);
   thread_local std::vector<VnniQuery> vnni_queries;
+  thread_local KiviQueries kivi_queries;
   thread_local AmxQueries amx_queries;
   // The queries as 16-bit floats for the BF16 readers' keys: FP16 bits with half_keys (scaled,
   // half_unscale), else BF16 bits unless widened (F32, widened_queries).
@@ -157,7 +158,9 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
   }
   if (amx_keys) {
     AmxPrepareQueries(vnni, q, group, &amx_queries);
-  } else if (vnni.ok && !vnni.kivi) {  // (KIVI quantises per unit: its scales fold into the query)
+  } else if (vnni.ok && vnni.kivi) {  // (quantised per unit: its scales fold into the query)
+    KiviPrepareQueries(vnni, q, group, &kivi_queries);
+  } else if (vnni.ok) {
     vnni_queries.resize(group);
     VnniPrepareQueries(vnni, q, group, vnni_queries.data());
   }
@@ -178,7 +181,8 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
     if (amx_keys) {
       AmxScoreTile(vnni, keys, values, num_keys, amx_queries, group, s, s_stride);
     } else if (vnni.ok) {
-      VnniScoreTile(vnni, keys, values, num_keys, vnni_queries.data(), q, group, s, s_stride);
+      VnniScoreTile(vnni, keys, values, num_keys, vnni_queries.data(), kivi_queries, group, s,
+                    s_stride);
     } else if (bf16.keys) {
       Bf16ScoreTile(bf16, keys, values, num_keys, q16.data(), half_unscale.data(),
                     widened_queries.data(), group, head_dim, s, s_stride);

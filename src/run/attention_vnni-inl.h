@@ -104,6 +104,14 @@ struct VnniQuery {
   float group_sum[16];                       // the exact query summed over each key group
 };
 
+// The `group` query heads for KIVI keys, prepared once per task (KiviPrepareQueries) and folded
+// with each unit's scales by VnniPrepareKiviUnit.
+struct KiviQueries {
+  const float* q = nullptr;  // [group, head_dim] the scaled (and rotated) float queries
+  std::vector<float> qhat;   // [group, head_dim] q per block of 32 times 127 / its largest |q|
+  std::vector<float> qmax;   // [group, head_dim / 32] those largest, then 3 floats of padding
+};
+
 #if HWY_TARGET == HWY_AVX3
 
 // VNNI for the dot products, VBMI for the byte permutes of the value codes, on top of the
@@ -615,20 +623,20 @@ KVS_VNNI_ATTR HWY_INLINE __m128 MaxOfLanes4(const __m512* v) {
       _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), z));
 }
 
-// KIVI: the `group` query heads q: [group, head_dim] scaled per block of 32 elements by 127 over
-// the block's largest |element| (0 for a block of zeros), into qhat: [group, head_dim], and those
-// largest into qmax: [group, head_dim / 32]. Once per tile, for VnniPrepareKiviUnit.
-KVS_VNNI_ATTR void KiviScaleQueries(const float* q, int group, int head_dim, float* qhat,
-                                    float* qmax) {
-  for (int j = 0; j < group; ++j) {
-    for (int b0 = 0; b0 < head_dim; b0 += 32) {
-      const size_t e = static_cast<size_t>(j) * head_dim + b0;
-      const float m = MaxAbs(q + e, 32);
-      qmax[e / 32] = m;
-      const __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
-      _mm512_storeu_ps(qhat + e, _mm512_mul_ps(_mm512_loadu_ps(q + e), inv));
-      _mm512_storeu_ps(qhat + e + 16, _mm512_mul_ps(_mm512_loadu_ps(q + e + 16), inv));
-    }
+// KIVI: the `group` query heads q: [group, head_dim] (scaled, rotated) into `out` (see
+// KiviQueries; 0 for a block of zeros). Once per task.
+KVS_VNNI_ATTR void KiviPrepareQueries(const VnniPlan& plan, const float* q, int group,
+                                      KiviQueries* out) {
+  const size_t head_dim = plan.head_dim, num_blocks = head_dim / 32;
+  out->q = q;
+  out->qhat.resize(group * head_dim);
+  out->qmax.resize(group * num_blocks + 3);  // (+ 3: VnniPrepareKiviUnit reads groups of 4)
+  for (size_t e = 0; e < group * head_dim; e += 32) {
+    const float m = MaxAbs(q + e, 32);
+    out->qmax[e / 32] = m;
+    const __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+    _mm512_storeu_ps(&out->qhat[e], _mm512_mul_ps(_mm512_loadu_ps(q + e), inv));
+    _mm512_storeu_ps(&out->qhat[e + 16], _mm512_mul_ps(_mm512_loadu_ps(q + e + 16), inv));
   }
 }
 
@@ -636,14 +644,15 @@ KVS_VNNI_ATTR void KiviScaleQueries(const float* q, int group, int head_dim, flo
 // min) pairs and quantised to int8 per block of 32 channels: out[j] for q_j * scale, bias[j] =
 // q_j . min. The step of block b is max|q_j| over b times max|scale| over b, over 127: a bound on
 // |q_j * scale| there, so that the products' own maxima need not be found per unit (each element
-// is off by at most half a step, 1/254 of that bound). With qhat and qmax from KiviScaleQueries
-// the codes are qhat * (scale / max|scale|), each at most 127 in magnitude; once per unit and kv
-// head, all heads at once: the pairs are converted and the ratios taken once, then one multiply
-// per 16 elements and head, and 64 codes packed into one vector with two vpackssdw and a
-// vpacksswb, whose order the permute into column order undoes (packed_query_index).
-KVS_VNNI_ATTR void VnniPrepareKiviUnit(const VnniPlan& plan, const std::byte* unit, const float* q,
-                                       const float* qhat, const float* qmax, int group,
-                                       VnniQuery* out, float* bias) {
+// is off by at most half a step, 1/254 of that bound). With qhat and qmax from
+// KiviPrepareQueries the codes are qhat * (scale / max|scale|), each at most 127 in magnitude; once
+// per unit and kv head, all heads at once: the pairs are converted and the ratios taken once, then
+// one multiply per 16 elements and head, and 64 codes packed into one vector with two vpackssdw and
+// a vpacksswb, whose order the permute into column order undoes (packed_query_index).
+KVS_VNNI_ATTR void VnniPrepareKiviUnit(const VnniPlan& plan, const std::byte* unit,
+                                       const KiviQueries& queries, int group, VnniQuery* out,
+                                       float* bias) {
+  const float *q = queries.q, *qhat = queries.qhat.data(), *qmax = queries.qmax.data();
   const int head_dim = static_cast<int>(plan.head_dim);
   const int num_vectors = head_dim / 16, blocks_per_head = head_dim / 32;
   __m512 scale[kVnniMaxHeadDim / 16], min[kVnniMaxHeadDim / 16];
@@ -694,7 +703,7 @@ KVS_VNNI_ATTR void VnniPrepareKiviUnit(const VnniPlan& plan, const std::byte* un
     const size_t row = static_cast<size_t>(j) * head_dim;
     const float* qhat_j = qhat + row;
     VnniQuery& vq = out[j];
-    // (Whole groups of 4 blocks: qmax is padded by KiviScaleQueries' caller, block_scale is
+    // (Whole groups of 4 blocks: qmax is padded by KiviPrepareQueries, block_scale is
     // longer than any head's blocks, and what lies beyond blocks_per_head is never read.)
     for (int b0 = 0; b0 < blocks_per_head; b0 += 4) {
       _mm_storeu_ps(vq.block_scale + b0, _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(qmax + row / 32 + b0),
@@ -721,24 +730,19 @@ KVS_VNNI_ATTR void VnniPrepareKiviUnit(const VnniPlan& plan, const std::byte* un
 
 // KIVI keys: a unit's key is codes * scale_c + min_c per channel c, so q . k = (q * scale) .
 // codes + q . min. Per unit and query head the query q' = q * scale is quantised as above (and
-// q . min kept as a bias), from the query scaled once per tile (KiviScaleQueries); runs of a
-// block's 16 keys that share a unit are scored with it.
-//   q: [group, head_dim] scaled (and rotated) float queries
+// q . min kept as a bias), from the queries scaled once per task (KiviPrepareQueries); runs of
+// a block's 16 keys that share a unit are scored with it.
 template <int kBits>
 KVS_VNNI_ATTR void VnniScoreTileKivi(const VnniPlan& plan, const RowSet& keys, const RowSet& values,
-                                     size_t num_keys, const float* q, int group, float* s,
-                                     size_t s_stride) {
+                                     size_t num_keys, const KiviQueries& queries, int group,
+                                     float* s, size_t s_stride) {
   const size_t head_dim = plan.head_dim;
   const int code_dwords = static_cast<int>(head_dim) * kBits / 32;
   const int num_blocks = static_cast<int>(head_dim) / 32;
   thread_local std::vector<VnniQuery> unit_queries;
   thread_local std::vector<float> bias;  // [group] q . min of the unit
-  thread_local std::vector<float> qhat, qmax;
   unit_queries.resize(group);
   bias.resize(group);
-  qhat.resize(static_cast<size_t>(group) * head_dim);
-  qmax.resize(static_cast<size_t>(group) * num_blocks + 3);  // (+ 3: read in groups of 4)
-  KiviScaleQueries(q, group, static_cast<int>(head_dim), qhat.data(), qmax.data());
   const std::byte* prepared_unit = nullptr;
   __m512 scale[1] = {_mm512_set1_ps(1.0f)}, min[1] = {_mm512_setzero_ps()};
   alignas(64) float block_scores[4 * 16];
@@ -754,8 +758,7 @@ KVS_VNNI_ATTR void VnniScoreTileKivi(const VnniPlan& plan, const RowSet& keys, c
       size_t run_end = k + 1;
       while (run_end < key0 + 16 && keys.hdrs[run_end] == unit) ++run_end;
       if (unit != prepared_unit) {
-        VnniPrepareKiviUnit(plan, unit, q, qhat.data(), qmax.data(), group, unit_queries.data(),
-                            bias.data());
+        VnniPrepareKiviUnit(plan, unit, queries, group, unit_queries.data(), bias.data());
         prepared_unit = unit;
       }
       const __mmask16 run = static_cast<__mmask16>(((1u << (run_end - k)) - 1) << (k - key0));
@@ -785,15 +788,16 @@ KVS_VNNI_ATTR void VnniScoreTileKivi(const VnniPlan& plan, const RowSet& keys, c
 }
 
 // Scores of a tile's keys (rows padded to a multiple of 16) for the `group` query heads:
-// s: [group, s_stride], as ScoreTile. q: the prepared queries (VnniPrepareQueries);
-// q_float: [group, head_dim] the scaled float queries (KIVI folds each unit's scales in).
+// s: [group, s_stride], as ScoreTile. q: the prepared queries (VnniPrepareQueries), or for
+// KIVI keys kivi (KiviPrepareQueries).
 void VnniScoreTile(const VnniPlan& plan, const RowSet& keys, const RowSet& values, size_t num_keys,
-                   const VnniQuery* q, const float* q_float, int group, float* s, size_t s_stride) {
+                   const VnniQuery* q, const KiviQueries& kivi, int group, float* s,
+                   size_t s_stride) {
   if (plan.kivi) {
     if (plan.bits == 4) {
-      return VnniScoreTileKivi<4>(plan, keys, values, num_keys, q_float, group, s, s_stride);
+      return VnniScoreTileKivi<4>(plan, keys, values, num_keys, kivi, group, s, s_stride);
     }
-    return VnniScoreTileKivi<2>(plan, keys, values, num_keys, q_float, group, s, s_stride);
+    return VnniScoreTileKivi<2>(plan, keys, values, num_keys, kivi, group, s, s_stride);
   }
   const bool block32 = plan.block_elems == 32;
   switch (plan.bits) {
@@ -1214,8 +1218,9 @@ KVS_VNNI_ATTR void VnniSpanOrderToElements(const VnniPlan& plan, int group, floa
 
 VnniPlan PlanVnni(const SideSpec&, size_t, size_t) { return {}; }
 void VnniPrepareQueries(const VnniPlan&, const float*, int, VnniQuery*) {}
+void KiviPrepareQueries(const VnniPlan&, const float*, int, KiviQueries*) {}
 void VnniScoreTile(const VnniPlan&, const RowSet&, const RowSet&, size_t, const VnniQuery*,
-                   const float*, int, float*, size_t) {}
+                   const KiviQueries&, int, float*, size_t) {}
 void VnniAccumulateTile(const VnniPlan&, const RowSet&, size_t, const float*, size_t, int, float*,
                         size_t) {}
 void VnniSpanOrderToElements(const VnniPlan&, int, float*, size_t) {}
