@@ -108,6 +108,16 @@ constexpr bool HalfSumsStayFinite() {
 }
 static_assert(HalfSumsStayFinite<Reader::kFp8E4M3>() && HalfSumsStayFinite<Reader::kFp8E5M2>());
 
+// The shift s for which largest x 2^s lies in [2^(top - 1), 2^top) (top itself for a largest
+// that is 0 or not finite), clamped to [-118, 118] so that 2^s and the powers of two that undo it
+// stay finite: a largest below 2^-110 then keeps fewer bits, one near F32's largest overflows its
+// scores in the reference too.
+inline int ShiftBelow(float largest, int top_log2) {
+  int exponent = 0;  // largest = m 2^exponent, m in [0.5, 1)
+  if (std::isfinite(largest) && largest > 0.0f) std::frexp(largest, &exponent);
+  return std::clamp(top_log2 - exponent, -118, 118);
+}
+
 // Elements [e, e + 32) of an FP8 row ([f16 scale][codes]) as halves (the file comment), in
 // element order.
 template <Reader kR>
@@ -149,12 +159,7 @@ KVS_HALF_ATTR void HalfPrepareQueriesOf(const float* q, int group, size_t head_d
     for (size_t e = 0; e < head_dim; e += 16) {
       vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(qj + e)));
     }
-    const float max_abs = _mm512_reduce_max_ps(vmax);
-    int exponent = 0;  // max_abs = m 2^exponent, m in [0.5, 1): times 2^(top - exponent)
-    if (std::isfinite(max_abs) && max_abs > 0.0f) std::frexp(max_abs, &exponent);
-    // (Clamped so that 2^shift and 2^(-worth - shift) stay finite: a query below 2^-118 scores
-    // about 0 with any key, one near F32's largest overflows its scores in the reference too.)
-    const int shift = std::clamp(F::kQueryTopLog2 - exponent, -118, 118);
+    const int shift = ShiftBelow(_mm512_reduce_max_ps(vmax), F::kQueryTopLog2);
     const __m512 scale = _mm512_set1_ps(std::ldexp(1.0f, shift));
     for (size_t e = 0; e < head_dim; e += 16) {
       const __m256i h = _mm512_cvtps_ph(_mm512_mul_ps(_mm512_loadu_ps(qj + e), scale),
@@ -308,13 +313,7 @@ KVS_HALF_ATTR void HalfAccumulateTileOf(const RowSet& values, size_t num_keys, c
     for (size_t key = 0; key < num_keys16; key += 16) {
       vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(wj + key));
     }
-    // The largest weight = m 2^exponent, m in [0.5, 1): all times 2^(top - exponent), so that it
-    // lies in [2^(top - 1), 2^top) (the shift clamped as the queries' is, so that its powers of
-    // two stay finite: a tile whose weights are all below 2^-110 keeps fewer bits of them).
-    int exponent = 0;
-    const float largest = _mm512_reduce_max_ps(vmax);
-    if (std::isfinite(largest) && largest > 0.0f) std::frexp(largest, &exponent);
-    const int shift = std::clamp(F::kWeightTopLog2 - exponent, -118, 118);
+    const int shift = ShiftBelow(_mm512_reduce_max_ps(vmax), F::kWeightTopLog2);
     const __m512 scale = _mm512_set1_ps(std::ldexp(1.0f, shift));
     for (size_t key = 0; key < num_keys16; key += 16) {
       const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(wj + key), scale);
