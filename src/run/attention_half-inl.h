@@ -139,11 +139,18 @@ KVS_HALF_ATTR HWY_INLINE __m512h Fp8ChunkToHalves(const std::byte* row, size_t e
   }
 }
 
-// The 32 FP16 lanes of x as 16 F32 lanes (pairs summed in F32; each conversion exact).
-KVS_HALF_ATTR HWY_INLINE __m512 HalfLanesToF32(__m512h x) {
+// The 32 FP16 lanes of x as F32: lanes 0..15 in *lo, 16..31 in *hi (each conversion exact).
+KVS_HALF_ATTR HWY_INLINE void HalfToF32(__m512h x, __m512* lo, __m512* hi) {
   const __m512i bits = _mm512_castph_si512(x);
-  return _mm512_add_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(bits)),
-                       _mm512_cvtph_ps(_mm512_extracti64x4_epi64(bits, 1)));
+  *lo = _mm512_cvtph_ps(_mm512_castsi512_si256(bits));
+  *hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(bits, 1));
+}
+
+// The 32 FP16 lanes of x as 16 F32 lanes (pairs summed in F32).
+KVS_HALF_ATTR HWY_INLINE __m512 HalfLanesToF32(__m512h x) {
+  __m512 lo, hi;
+  HalfToF32(x, &lo, &hi);
+  return _mm512_add_ps(lo, hi);
 }
 
 // The `group` query heads q: [group, head_dim] (scaled, rotated), each times 2^s_j, as FP16 in
@@ -250,9 +257,8 @@ KVS_HALF_ATTR HWY_INLINE void HalfAccumulateSlice(const RowSet& values, size_t n
       const __m512 f = _mm512_set1_ps(flush[j]);
       for (int c = 0; c < kChunks; ++c) {
         float* st = state + j * state_stride + e0 + 32 * c;
-        const __m512i bits = _mm512_castph_si512(acc[j][c]);
-        const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(bits));
-        const __m512 hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(bits, 1));
+        __m512 lo, hi;
+        HalfToF32(acc[j][c], &lo, &hi);
         _mm512_storeu_ps(st, _mm512_fmadd_ps(lo, f, _mm512_loadu_ps(st)));
         _mm512_storeu_ps(st + 16, _mm512_fmadd_ps(hi, f, _mm512_loadu_ps(st + 16)));
       }
