@@ -537,7 +537,9 @@ KVS_VNNI_ATTR HWY_INLINE void ScoreColumns(const VnniPlan& plan, const __m512i* 
   for (int j = 0; j < kNumQ; ++j) _mm512_storeu_ps(s + j * s_stride, total[j]);
 }
 
-// The per-key (scale, min) of every group of 16 keys as vectors over the keys.
+// The per-key (scale, min) of every group of 16 keys as vectors over the keys. kGroups:
+// plan.num_groups where the caller knows it at compile time, else 0.
+template <int kGroups = 0>
 KVS_VNNI_ATTR HWY_INLINE void LoadGroupScales(const VnniPlan& plan, const RowSet& keys, size_t key0,
                                               __m512* scale, __m512* min) {
   if (plan.bits == 8) {  // the row's f16 scale; no minimum
@@ -545,7 +547,8 @@ KVS_VNNI_ATTR HWY_INLINE void LoadGroupScales(const VnniPlan& plan, const RowSet
     min[0] = _mm512_setzero_ps();
     return;
   }
-  const int header_dwords = plan.absmax ? (plan.num_groups + 1) / 2 : plan.num_groups;
+  const int num_groups = kGroups > 0 ? kGroups : plan.num_groups;
+  const int header_dwords = plan.absmax ? (num_groups + 1) / 2 : num_groups;
   __m512i cols[16];
   LoadColumns(keys.hdrs + key0, 0, header_dwords, cols);
   for (int c = 0; c < header_dwords; ++c) {
@@ -554,7 +557,7 @@ KVS_VNNI_ATTR HWY_INLINE void LoadGroupScales(const VnniPlan& plan, const RowSet
     if (plan.absmax) {  // d of groups 2c and 2c + 1
       scale[2 * c] = low;
       min[2 * c] = _mm512_mul_ps(low, _mm512_set1_ps(-8.0f));
-      if (2 * c + 1 < plan.num_groups) {
+      if (2 * c + 1 < num_groups) {
         scale[2 * c + 1] = high;
         min[2 * c + 1] = _mm512_mul_ps(high, _mm512_set1_ps(-8.0f));
       }
@@ -1048,6 +1051,149 @@ KVS_VNNI_ATTR void AccumulateTileBySpans(const VnniPlan& plan, const RowSet& val
   }
 }
 
+// The int16 weights of kNumQ heads [j0, j0 + kNumQ) for kSlice groups [g0, g0 + kSlice) of a
+// tile, and those groups' minima sums, in one pass over the keys with every sum in registers
+// (QuantiseWeights has the layout). The weight of key k is p'[k] s'[k] with p' = p · p_factor
+// (32767 over the head's largest p) and s' = hs · s_factor (1 over the group's largest |scale|).
+//   p_factor: [kNumQ]; s_factor: [num_groups]; hs, hm: [num_groups][num_keys16]
+template <int kNumQ, int kSlice>
+KVS_VNNI_ATTR HWY_INLINE void QuantiseWeightSlice(const VnniPlan& plan, size_t num_keys16,
+                                                  const float* p, size_t p_stride,
+                                                  const float* p_factor, const float* s_factor,
+                                                  const float* hs, const float* hm, int j0, int g0,
+                                                  int32_t* weights, float* min_sum) {
+  const int num_groups = plan.num_groups;
+  const size_t num_pairs = num_keys16 / 2;
+  // Span-read pairs of groups (VnniPlan::span_groups 2) interleave their dwords: pair u of
+  // groups g and g + 1 (g even) at 2 u and 2 u + 1 of both groups' rows. (Their num_groups is
+  // even, so slices of 4 and 2 hold whole pairs.)
+  const bool interleaved = plan.value_spans > 0 && plan.span_groups == 2;
+  const __m512i interleave =
+      _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  __m512 p_scale[kNumQ], s_scale[kSlice], sums[kNumQ][kSlice];
+  for (int jj = 0; jj < kNumQ; ++jj) {
+    p_scale[jj] = _mm512_set1_ps(p_factor[jj]);
+    for (int gg = 0; gg < kSlice; ++gg) sums[jj][gg] = _mm512_setzero_ps();
+  }
+  for (int gg = 0; gg < kSlice; ++gg) s_scale[gg] = _mm512_set1_ps(s_factor[g0 + gg]);
+  for (size_t k = 0; k < num_keys16; k += 16) {
+    __m512 scale[kSlice], min[kSlice];
+    for (int gg = 0; gg < kSlice; ++gg) {
+      scale[gg] = _mm512_mul_ps(_mm512_loadu_ps(hs + (g0 + gg) * num_keys16 + k), s_scale[gg]);
+      min[gg] = _mm512_loadu_ps(hm + (g0 + gg) * num_keys16 + k);
+    }
+    for (int jj = 0; jj < kNumQ; ++jj) {
+      const __m512 pj = _mm512_loadu_ps(p + (j0 + jj) * p_stride + k);
+      const __m512 pn = _mm512_mul_ps(pj, p_scale[jj]);
+      int32_t* row = weights + (static_cast<size_t>(j0 + jj) * num_groups + g0) * num_pairs;
+      __m256i packed[kSlice];
+      for (int gg = 0; gg < kSlice; ++gg) {
+        sums[jj][gg] = _mm512_fmadd_ps(pj, min[gg], sums[jj][gg]);
+        // Nearest int16 of each key's weight; keys 2u and 2u + 1 share dword u.
+        packed[gg] = _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(pn, scale[gg])));
+        if (!interleaved) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + gg * num_pairs + k / 2), packed[gg]);
+        } else if (gg % 2 == 1) {
+          _mm512_storeu_si512(
+              row + (gg - 1) * num_pairs + k,
+              _mm512_permutex2var_epi32(_mm512_castsi256_si512(packed[gg - 1]), interleave,
+                                        _mm512_castsi256_si512(packed[gg])));
+        }
+      }
+    }
+  }
+  for (int jj = 0; jj < kNumQ; ++jj) {
+    for (int gg = 0; gg < kSlice; ++gg) {
+      min_sum[(j0 + jj) * num_groups + g0 + gg] = _mm512_reduce_add_ps(sums[jj][gg]);
+    }
+  }
+}
+
+// The scales and minima of a tile's keys by group, hs and hm [num_groups][num_keys16], and each
+// group's largest |scale|, s_max [num_groups]. kGroups: plan.num_groups where known at compile
+// time (the scales stay in registers), else 0.
+template <int kGroups>
+KVS_VNNI_ATTR HWY_INLINE void SplitGroupScales(const VnniPlan& plan, const RowSet& values,
+                                               size_t num_keys16, float* hs, float* hm,
+                                               float* s_max) {
+  const int num_groups = kGroups > 0 ? kGroups : plan.num_groups;
+  __m512 scale_max[16];
+#pragma GCC unroll 16
+  for (int g = 0; g < num_groups; ++g) scale_max[g] = _mm512_setzero_ps();
+  for (size_t key0 = 0; key0 < num_keys16; key0 += 16) {
+    __m512 scale[16], min[16];
+    LoadGroupScales<kGroups>(plan, values, key0, scale, min);
+#pragma GCC unroll 16
+    for (int g = 0; g < num_groups; ++g) {
+      _mm512_storeu_ps(hs + g * num_keys16 + key0, scale[g]);
+      _mm512_storeu_ps(hm + g * num_keys16 + key0, min[g]);
+      scale_max[g] = _mm512_max_ps(scale_max[g], _mm512_abs_ps(scale[g]));
+    }
+  }
+  for (int g = 0; g < num_groups; ++g) s_max[g] = _mm512_reduce_max_ps(scale_max[g]);
+}
+
+// The int16 weights of a tile's values for `group` heads (AccumulateSpans, AccumulatePairs):
+// weights [group][num_groups][num_keys16 / 2], two keys per dword (pairs of groups interleaved
+// for span-read values, see QuantiseWeightSlice); w_scale and min_sum [group][num_groups]: what
+// a weight unit is worth, and the softmax weights times the keys' minima summed. With
+// p' = 32767 p / max_t p_j[t] and s' = s / max_t |s_g[t]|, the weight is p' s' (|p' s'| <=
+// 32767) and W = max p_j * max |s_g| / 32767.
+//   p: [group, p_stride] (0 past the tile's keys)
+KVS_VNNI_ATTR void QuantiseWeights(const VnniPlan& plan, const RowSet& values, size_t num_keys16,
+                                   const float* p, size_t p_stride, int group, int32_t* weights,
+                                   float* w_scale, float* min_sum) {
+  const int num_groups = plan.num_groups;
+  // Per group, the keys' scales and minima: [num_groups][num_keys16].
+  float* hs = Scratch(kSlotHeaders, 2 * static_cast<size_t>(num_groups) * num_keys16);
+  float* hm = hs + static_cast<size_t>(num_groups) * num_keys16;
+  float s_max[16], s_factor[16];
+  switch (num_groups) {  // (the common counts with the scales in registers)
+    case 1:
+      SplitGroupScales<1>(plan, values, num_keys16, hs, hm, s_max);
+      break;
+    case 2:
+      SplitGroupScales<2>(plan, values, num_keys16, hs, hm, s_max);
+      break;
+    case 4:
+      SplitGroupScales<4>(plan, values, num_keys16, hs, hm, s_max);
+      break;
+    default:
+      SplitGroupScales<0>(plan, values, num_keys16, hs, hm, s_max);
+  }
+  for (int g = 0; g < num_groups; ++g) s_factor[g] = s_max[g] > 0.0f ? 1.0f / s_max[g] : 0.0f;
+  thread_local std::vector<float> p_factor;  // per head: 32767 over its largest p
+  p_factor.resize(group);
+  for (int j = 0; j < group; ++j) {
+    __m512 vmax = _mm512_setzero_ps();
+    for (size_t k = 0; k < num_keys16; k += 16) {
+      vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(p + j * p_stride + k));
+    }
+    const float p_max = _mm512_reduce_max_ps(vmax);
+    p_factor[j] = p_max > 0.0f ? 32767.0f / p_max : 0.0f;
+    for (int g = 0; g < num_groups; ++g) {
+      w_scale[j * num_groups + g] = p_max * s_max[g] / 32767.0f;
+    }
+  }
+  // Heads in steps of 4, 2 and 1, groups in slices of 4, 2 and 1: at most 16 sums, 4 scales,
+  // 4 minima and 4 head factors in registers. (No lambda or generic dispatch: they would not
+  // carry this function's target attribute.)
+  for (int j = 0, num_q = 0; j < group; j += num_q) {
+    num_q = group - j >= 4 ? 4 : group - j >= 2 ? 2 : 1;
+    for (int g = 0, slice = 0; g < num_groups; g += slice) {
+      slice = num_groups - g >= 4 ? 4 : num_groups - g >= 2 ? 2 : 1;
+#define KVS_SLICE(kNumQ, kSlice)                                                                   \
+  QuantiseWeightSlice<kNumQ, kSlice>(plan, num_keys16, p, p_stride, p_factor.data() + j, s_factor, \
+                                     hs, hm, j, g, weights, min_sum)
+#define KVS_SLICES(kNumQ) \
+  (slice == 4 ? KVS_SLICE(kNumQ, 4) : slice == 2 ? KVS_SLICE(kNumQ, 2) : KVS_SLICE(kNumQ, 1))
+      num_q == 4 ? KVS_SLICES(4) : num_q == 2 ? KVS_SLICES(2) : KVS_SLICES(1);
+#undef KVS_SLICES
+#undef KVS_SLICE
+    }
+  }
+}
+
 // Weighted sum of a tile's values (rows padded to a multiple of 16) into the running states of
 // the `group` query heads, as AccumulateTile: p: [group, p_stride] softmax weights (0 past
 // num_keys, up to the next multiple of 16); state: [group, state_stride].
@@ -1058,77 +1204,14 @@ KVS_VNNI_ATTR void VnniAccumulateTileBits(const VnniPlan& plan, const RowSet& va
   const size_t num_keys16 = (num_keys + 15) / 16 * 16;
   const size_t num_pairs = num_keys16 / 2;
   const int num_groups = plan.num_groups;
-  // Per group, the keys' minima and scales over the largest |scale| in the tile:
-  // [num_groups][num_keys16] each.
-  float* hs = Scratch(kSlotHeaders, 2 * static_cast<size_t>(num_groups) * num_keys16);
-  float* hm = hs + static_cast<size_t>(num_groups) * num_keys16;
-  __m512 scale_max[16];
-  for (int g = 0; g < num_groups; ++g) scale_max[g] = _mm512_setzero_ps();
-  for (size_t key0 = 0; key0 < num_keys16; key0 += 16) {
-    __m512 scale[16], min[16];
-    LoadGroupScales(plan, values, key0, scale, min);
-    for (int g = 0; g < num_groups; ++g) {
-      _mm512_storeu_ps(hs + g * num_keys16 + key0, scale[g]);
-      _mm512_storeu_ps(hm + g * num_keys16 + key0, min[g]);
-      scale_max[g] = _mm512_max_ps(scale_max[g], _mm512_abs_ps(scale[g]));
-    }
-  }
-  float group_scale_max[16];
-  for (int g = 0; g < num_groups; ++g) {
-    group_scale_max[g] = _mm512_reduce_max_ps(scale_max[g]);
-    const __m512 inv = _mm512_set1_ps(group_scale_max[g] > 0.0f ? 1.0f / group_scale_max[g] : 0.0f);
-    float* sg = hs + g * num_keys16;
-    for (size_t k = 0; k < num_keys16; k += 16) {
-      _mm512_storeu_ps(sg + k, _mm512_mul_ps(_mm512_loadu_ps(sg + k), inv));
-    }
-  }
-  // Quantised weights [group][num_groups][num_pairs], their scales W and the minima's sums,
-  // [j * num_groups + g]. With p' = 32767 p / max_t p_j[t] and s' = s / max_t |s_g[t]|, the
-  // weight is p' s' (|p' s'| <= 32767) and W = max p_j * max |s_g| / 32767.
   thread_local std::vector<int32_t> weights;
   thread_local std::vector<float> w_scale, min_sum;
   weights.resize(static_cast<size_t>(group) * num_groups * num_pairs);
   w_scale.resize(static_cast<size_t>(group) * num_groups);
   min_sum.resize(static_cast<size_t>(group) * num_groups);
-  float* pn = Scratch(kSlotUnit, num_keys16);  // p' of one head
+  QuantiseWeights(plan, values, num_keys16, p, p_stride, group, weights.data(), w_scale.data(),
+                  min_sum.data());
   const size_t group_stride = num_pairs;
-  for (int j = 0; j < group; ++j) {
-    const float* pj = p + j * p_stride;
-    __m512 vmax = _mm512_setzero_ps();
-    for (size_t k = 0; k < num_keys16; k += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(pj + k));
-    const float p_max = _mm512_reduce_max_ps(vmax);
-    const __m512 inv = _mm512_set1_ps(p_max > 0.0f ? 32767.0f / p_max : 0.0f);
-    for (size_t k = 0; k < num_keys16; k += 16) {
-      _mm512_storeu_ps(pn + k, _mm512_mul_ps(_mm512_loadu_ps(pj + k), inv));
-    }
-    for (int g = 0; g < num_groups; ++g) {
-      const float* sg = hs + g * num_keys16;
-      const float* mg = hm + g * num_keys16;
-      w_scale[j * num_groups + g] = p_max * group_scale_max[g] / 32767.0f;
-      // Span-read pairs of groups (VnniPlan::span_groups 2) interleave their dwords: pair u of
-      // groups g and g + 1 (g even) at 2 u and 2 u + 1 of both groups' rows.
-      const bool interleaved = plan.value_spans > 0 && plan.span_groups == 2;
-      int32_t* wq =
-          weights.data() +
-          (static_cast<size_t>(j) * num_groups + (interleaved ? g & ~1 : g)) * group_stride;
-      __m512 vmin_sum = _mm512_setzero_ps();
-      for (size_t k = 0; k < num_keys16; k += 16) {
-        vmin_sum = _mm512_fmadd_ps(_mm512_loadu_ps(pj + k), _mm512_loadu_ps(mg + k), vmin_sum);
-        const __m512 w = _mm512_mul_ps(_mm512_loadu_ps(pn + k), _mm512_loadu_ps(sg + k));
-        // Nearest int16 of each key's weight; keys 2u and 2u + 1 share dword u.
-        const __m256i packed = _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(w));
-        if (interleaved) {
-          const __m512i spread = _mm512_permutexvar_epi32(
-              _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0),
-              _mm512_castsi256_si512(packed));
-          _mm512_mask_storeu_epi32(wq + k, g % 2 == 0 ? 0x5555 : 0xAAAA, spread);
-        } else {
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(wq + k / 2), packed);
-        }
-      }
-      min_sum[j * num_groups + g] = _mm512_reduce_add_ps(vmin_sum);
-    }
-  }
   if constexpr (kBits < 8) {
     if (plan.value_spans > 0) {
       return AccumulateTileBySpans<kBits>(plan, values, num_pairs, weights.data(), w_scale.data(),
