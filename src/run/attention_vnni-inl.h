@@ -904,8 +904,8 @@ KVS_VNNI_ATTR HWY_INLINE void AccumulatePairs(const VnniPlan& plan, const RowSet
 // 4- or 2-bit codes (VnniPlan::value_spans): out[(j * kSpans + s) * kParts + r] for head j,
 // span s0 + s and part r, lane i holding element SpanElement. Per key pair and span, one
 // vpermt2b puts byte SpanByte(i) of both keys into the words of dword i, and each part is a
-// shift and a mask away; where the blocks of 16 elements (AccumulatePairs) spend a permute per
-// 16 elements, this spends one per 32 (4-bit) or 64 (2-bit).
+// mask away (the parts' sums are taken apart from cumulative ones); where the blocks of 16 elements
+// (AccumulatePairs) spend a permute per 16 elements, this spends one per 32 (4-bit) or 64 (2-bit).
 //   weights[j * kSpans + s]: head j's packed int16 pairs for span s0 + s, one dword per key
 //   pair (kGroups 1), or two (kGroups 2: the span's two groups, alternating lanes)
 template <int kBits, int kNumQ, int kSpans, int kGroups>
@@ -914,7 +914,11 @@ KVS_VNNI_ATTR HWY_INLINE void AccumulateSpans(const VnniPlan& plan, const RowSet
                                               int s0, __m512i* out) {
   constexpr int kParts = 8 / kBits;
   const size_t offset = plan.code_offset + 16 * static_cast<size_t>(s0);
-  const __m512i mask = _mm512_set1_epi16((1 << kBits) - 1);
+  // Part r < kParts - 1 multiplies the byte's low (r + 1) kBits bits, the last the whole byte:
+  // cumulative sums, one AND per part and no shifts (taken apart at the end).
+  __m512i mask[kParts - 1];
+#pragma GCC unroll 4
+  for (int r = 0; r + 1 < kParts; ++r) mask[r] = _mm512_set1_epi16((1 << ((r + 1) * kBits)) - 1);
   __m512i index[kSpans];
   const int32_t* w[kNumQ * kSpans];
   __m512i acc[kNumQ * kSpans * kParts];
@@ -945,8 +949,7 @@ KVS_VNNI_ATTR HWY_INLINE void AccumulateSpans(const VnniPlan& plan, const RowSet
       const __m512i bytes = _mm512_maskz_permutex2var_epi8(0x5555555555555555ull, x0, index[s], x1);
 #pragma GCC unroll 4
       for (int r = 0; r < kParts; ++r) {
-        codes[s * kParts + r] =
-            _mm512_and_si512(r == 0 ? bytes : _mm512_srli_epi32(bytes, r * kBits), mask);
+        codes[s * kParts + r] = r + 1 < kParts ? _mm512_and_si512(bytes, mask[r]) : bytes;
       }
     }
 #pragma GCC unroll 4
@@ -968,6 +971,18 @@ KVS_VNNI_ATTR HWY_INLINE void AccumulateSpans(const VnniPlan& plan, const RowSet
               acc[(j * kSpans + s) * kParts + r], codes[s * kParts + r], weight);
         }
       }
+    }
+  }
+  // Part r's own sum from the cumulative ones: (C_r - C_{r-1}) / 2^(r kBits), exact (C_r -
+  // C_{r-1} is that multiple of part r's sum). No sum overflows: |weight| <= 32767, a byte <= 255,
+  // at most kDecodeTile keys.
+  static_assert(int64_t{32767} * 255 * kDecodeTile <= INT32_MAX);
+#pragma GCC unroll 16
+  for (int i = 0; i < kNumQ * kSpans; ++i) {
+#pragma GCC unroll 4
+    for (int r = kParts - 1; r > 0; --r) {
+      acc[i * kParts + r] = _mm512_srai_epi32(
+          _mm512_sub_epi32(acc[i * kParts + r], acc[i * kParts + r - 1]), r * kBits);
     }
   }
 #pragma GCC unroll 16
