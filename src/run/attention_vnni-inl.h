@@ -1006,7 +1006,7 @@ KVS_VNNI_ATTR HWY_INLINE void AccumulateHeads(const VnniPlan& plan, const RowSet
 // AccumulateSpans, two spans per pass for 4-bit codes (16 accumulators for 4 heads), one for
 // 2-bit, added into the state in span order (slot s of a head holds element SpanElement(s);
 // DecodeChunk puts them back in element order once per task).
-//   weights: [group][num_groups][num_pairs] (pairs of groups interleaved, see the caller);
+//   weights: [group][num_groups][num_pairs] (pairs of groups interleaved, see QuantiseWeightSlice);
 //   w_scale, min_sum: [group][num_groups]
 template <int kBits>
 KVS_VNNI_ATTR void AccumulateTileBySpans(const VnniPlan& plan, const RowSet& values,
