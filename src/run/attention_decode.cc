@@ -34,6 +34,7 @@
 #include "hwy/highway.h"
 #include "run/attention_amx-inl.h"
 #include "run/attention_bf16-inl.h"
+#include "run/attention_madd-inl.h"
 #include "run/attention_readers-inl.h"
 #include "run/attention_rows-inl.h"
 #include "run/attention_vnni-inl.h"
@@ -131,6 +132,10 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
   // Integer keys on CPUs with VNNI: the query quantised once per task (attention_vnni-inl.h).
   const VnniPlan vnni = PlanVnni(k_side, head_dim, nd);
   const VnniPlan vnni_values = PlanVnni(v_side, head_dim, nd);
+  // 4- and 2-bit keys on CPUs with AVX2 but not AVX-512: the same plan and queries, multiplied
+  // by vpmaddubsw (attention_madd-inl.h).
+  const VnniPlan madd = vnni.ok ? VnniPlan{} : PlanMaddKeys(k_side, head_dim, nd);
+  const VnniPlan madd_values = vnni_values.ok ? VnniPlan{} : PlanMaddValues(v_side, head_dim, nd);
   // int8 keys and values on CPUs with AMX, where it pays: by tile multiplies
   // (attention_amx-inl.h).
   const bool amx_keys = AmxKeysApply(vnni, group);
@@ -163,6 +168,9 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
   } else if (vnni.ok) {
     vnni_queries.resize(group);
     VnniPrepareQueries(vnni, q, group, vnni_queries.data());
+  } else if (madd.ok) {
+    vnni_queries.resize(group);
+    MaddPrepareQueries(madd, q, group, vnni_queries.data());
   }
   RowSet keys, values;
   for (int j = 0; j < group; ++j) {
@@ -183,6 +191,8 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
     } else if (vnni.ok) {
       VnniScoreTile(vnni, keys, values, num_keys, vnni_queries.data(), kivi_queries, group, s,
                     s_stride);
+    } else if (madd.ok) {
+      MaddScoreTile(madd, keys, values, num_keys, vnni_queries.data(), group, s, s_stride);
     } else if (bf16.keys) {
       Bf16ScoreTile(bf16, keys, values, num_keys, q16.data(), half_unscale.data(),
                     widened_queries.data(), group, head_dim, s, s_stride);
@@ -233,13 +243,16 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
       AmxAccumulateTile(vnni_values, values, num_keys, s, s_stride, group, state, state_stride);
     } else if (vnni_values.ok) {
       VnniAccumulateTile(vnni_values, values, num_keys, s, s_stride, group, state, state_stride);
+    } else if (madd_values.ok) {
+      MaddAccumulateTile(madd_values, values, num_keys, s, s_stride, group, state, state_stride);
     } else if (bf16.values) {
       Bf16AccumulateTile(bf16, values, num_keys, s, s_stride, group, head_dim, state, state_stride);
     } else {
       accumulate(values, num_keys, s, s_stride, group, head_dim, state, state_stride);
     }
   }
-  if (IsSplitReader(v_side.reader) && !vnni_values.ok) {  // split order: back to element order
+  if (IsSplitReader(v_side.reader) && !vnni_values.ok && !madd_values.ok) {
+    // split order: back to element order
     float* row = Scratch(kSlotSplitQuery, head_dim);
     const size_t parts = 8 / ReaderBits(v_side.reader);
     for (int j = 0; j < group; ++j) {
@@ -251,6 +264,7 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
   if (vnni_values.ok && vnni_values.value_spans > 0) {  // span order: back to element order
     VnniSpanOrderToElements(vnni_values, group, state, state_stride);
   }
+  if (madd_values.ok) MaddValueOrderToElements(madd_values, group, state, state_stride);
   Bf16OrderToElements(bf16, group, head_dim, state, state_stride);
   if (sink != nullptr && sink->row != nullptr) {
     // What the merge of a single part computes: its max, and 1 / its sum (its weight there is

@@ -271,23 +271,33 @@ Case ReadersCase(int num_tokens, int num_kv_heads, int group, int head_dim, cons
 }
 
 TEST(AttentionTest, IntegerCodecsAtEveryGroupAndWidth) {
-  // The integer readers' shapes (the VNNI ones on CPUs that have it): query heads per kv head
-  // in steps of 4, 2 and 1 (3, 5, 8), head_dim with 2 or 4 blocks of 16 per pass and rows of
-  // one or two 64-byte halves (32 .. 256), groups of 16, 32 and the whole row, KIVI keys (1 to
-  // 64 blocks of 32 query elements per unit), several tiles, sinks and pending tokens.
-  // Three times: with the tile multiplies and the integer dot-product readers (where the CPU has
-  // them), with the integer readers alone, with the float readers.
+  // The integer readers' shapes (the VNNI ones on CPUs that have it, vpmaddubsw's on AVX2): query
+  // heads per kv head in steps of 4, 2 and 1 (3, 5, 8), head_dim with 2 or 4 blocks of 16 per
+  // pass and rows of one or two 64-byte halves (32 .. 256), groups of 16, 32, 64 and the whole
+  // row, groups spanning two tokens at head_dim 128, KIVI keys (1 to 64 blocks of 32 query
+  // elements per unit), several tiles, sinks and pending tokens.
+  // Four times: with the tile multiplies and the integer dot-product readers (where the CPU has
+  // them), with the integer readers alone, with the float readers, and on the AVX2 target with
+  // its integer readers (attention_madd-inl.h), where the CPU has AVX2 (on CPUs with AVX-512 the
+  // best target does not run them).
   ThreadPool pool(2);
-  for (const int readers : {0, 1, 2}) {
+  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  const bool has_avx2 = std::find(targets.begin(), targets.end(), HWY_AVX2) != targets.end();
+  for (const int readers : {0, 1, 2, 3}) {
+    if (readers == 3 && !has_avx2) continue;
+    hwy::SetSupportedTargetsForTest(readers == 3 ? HWY_AVX2 : 0);
     DisableTileMultipliesForTest(readers >= 1);
     DisableDotProductReadersForTest(readers == 2);
     SCOPED_TRACE(readers == 0   ? "tile multiplies and integer readers where the CPU has them"
                  : readers == 1 ? "integer readers where the CPU has them"
-                                : "float readers");
+                 : readers == 2 ? "float readers"
+                                : "AVX2 and its integer readers");
     for (int head_dim : {32, 96, 128, 256}) {
-      for (const char* name : {"int8", "int4", "int2", "int4-g16", "q4_absmax", "kivi2", "kivi4"}) {
+      for (const char* name : {"int8", "int4", "int2", "int4-g16", "int4-g64", "int4-g256",
+                               "q4_absmax", "kivi2", "kivi4"}) {
         std::string codec = name;
         if (codec == "int4-g16" && head_dim == 96) codec = "int4-g32";
+        if (codec == "int4-g256" && head_dim != 128) continue;
         if (!CreateCodec(codec, head_dim, CodecRole::kKey).ok()) continue;
         for (int group : {1, 3, 4, 5, 8}) {
           const Case c = ReadersCase(700, 1, group, head_dim, codec, codec);
@@ -296,6 +306,7 @@ TEST(AttentionTest, IntegerCodecsAtEveryGroupAndWidth) {
       }
     }
   }
+  hwy::SetSupportedTargetsForTest(0);  // back to the machine's own
   DisableTileMultipliesForTest(false);
   DisableDotProductReadersForTest(false);
 }

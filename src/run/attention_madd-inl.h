@@ -1,0 +1,515 @@
+// Per-target decode reader for 4- and 2-bit integer keys with AVX2 (included by
+// attention_decode.cc inside its foreach_target pass, after attention_vnni-inl.h; compiled only
+// for the AVX2 target, which is what CPUs with AVX2 but without AVX-512 run: AMD Zen 1 to 3,
+// Intel's client cores and Haswell to Broadwell servers).
+//
+// Why: the float readers convert every key element to F32 and spend one FMA per query head on
+// it. On an AMD EPYC (Zen 3) that made 4-bit keys slower than BF16 ones: 4-bit caches end to
+// end 51 tokens/s against BF16's 70 at 16k (docs/representation-speed.md).
+//
+// The design is the VNNI readers' (attention_vnni-inl.h), with their plan and their quantised
+// queries (VnniPlan, VnniQuery): 8 keys are transposed so that each i32 lane holds one key, and
+// the 4 query bytes that match a column of 4 code bytes are a broadcast operand. AVX2 has no
+// vpdpbusd: vpmaddubsw multiplies the u8 codes by the s8 query bytes and adds pairs into s16
+// lanes, at most 2 * 15 * 127 = 3810 for 4-bit codes, so a 32-element block's 8 of them add up
+// in s16 (at most 30480 < 32767) before one vpmaddwd by ones widens the sums to i32 per key.
+// The query is quantised as for VNNI (step max|q| / 127 per block of 32 elements, 16 for
+// 16-element groups; the minimum terms use the exact query sums).
+//
+// Not taken here (the float readers read them): int8 keys, whose codes reach 255 once made
+// unsigned and would saturate vpmaddubsw; KIVI keys, whose queries are folded per unit; values.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "run/attention_kernels.h"
+
+#if defined(KVSTACK_RUN_ATTENTION_MADD_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef KVSTACK_RUN_ATTENTION_MADD_INL_H_
+#undef KVSTACK_RUN_ATTENTION_MADD_INL_H_
+#else
+#define KVSTACK_RUN_ATTENTION_MADD_INL_H_
+#endif
+
+#include "hwy/highway.h"
+#include "run/attention_readers-inl.h"
+#include "run/attention_vnni-inl.h"
+
+#if HWY_TARGET == HWY_AVX2
+#include <immintrin.h>
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace kvstack {
+namespace HWY_NAMESPACE {
+namespace {
+
+#if HWY_TARGET == HWY_AVX2
+
+// Keys per step: one per i32 lane.
+constexpr size_t kMaddKeys = 8;
+
+// The largest lane of v, and the sum of its lanes.
+HWY_INLINE float MaxLane(__m256 v) {
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
+}
+HWY_INLINE float SumLanes(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+
+// The plan for 4- and 2-bit integer-group keys (not ok for anything else, or where the dot
+// product readers are switched off for a test). lanes: the float vector's.
+VnniPlan PlanMaddKeys(const SideSpec& side, size_t head_dim, size_t lanes) {
+  VnniPlan plan;
+  if (lanes != kMaddKeys || DotProductReadersDisabledForTest() || head_dim % 32 != 0 ||
+      head_dim > kVnniMaxHeadDim) {
+    return plan;
+  }
+  switch (side.reader) {
+    case Reader::kInt4:
+    case Reader::kInt4S:
+    case Reader::kInt2:
+      break;
+    default:
+      return plan;
+  }
+  plan.bits = side.reader == Reader::kInt2 ? 2 : 4;
+  plan.group_elems = side.group_elems;
+  plan.num_groups = side.num_header_floats / 2;
+  plan.absmax = side.absmax_header;
+  if (plan.group_elems % 16 != 0 || plan.num_groups > 16 ||
+      static_cast<size_t>(plan.group_elems * plan.num_groups) != head_dim) {
+    return plan;
+  }
+  plan.block_elems = plan.group_elems % 32 == 0 ? 32 : 16;
+  plan.head_dim = head_dim;
+  plan.ok = true;
+  return plan;
+}
+
+// Quantises the `group` query heads q: [group, head_dim] (scaled, rotated) for `plan`, as
+// VnniPrepareQueries does (its hi bytes alone: keys of 4 and 2 bits).
+void MaddPrepareQueries(const VnniPlan& plan, const float* q, int group, VnniQuery* out) {
+  const int head_dim = static_cast<int>(plan.head_dim);
+  const int block = plan.block_elems, parts = 8 / plan.bits;
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256i limit = _mm256_set1_epi32(127);
+  for (int j = 0; j < group; ++j) {
+    const float* qj = q + static_cast<size_t>(j) * head_dim;
+    VnniQuery& vq = out[j];
+    alignas(32) int32_t codes[kVnniMaxHeadDim];
+    for (int b0 = 0; b0 < head_dim; b0 += block) {
+      __m256 max_abs = _mm256_setzero_ps();
+      for (int e = b0; e < b0 + block; e += 8) {
+        max_abs = _mm256_max_ps(max_abs, _mm256_and_ps(_mm256_loadu_ps(qj + e), abs_mask));
+      }
+      const float m = MaxLane(max_abs);
+      const __m256 inv = _mm256_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+      for (int e = b0; e < b0 + block; e += 8) {
+        // Round to nearest (the default rounding mode), clamped to the int8 range.
+        const __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(qj + e), inv));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(codes + e),
+                           _mm256_max_epi32(_mm256_min_epi32(c, limit),
+                                            _mm256_sub_epi32(_mm256_setzero_si256(), limit)));
+      }
+      vq.block_scale[b0 / block] = m / 127.0f / 256.0f;
+    }
+    // Element e is byte e / parts % 4 of column e / parts / 4, part e % parts: into
+    // [column][part][byte] order (VnniQuery::hi).
+    auto* hi = reinterpret_cast<int8_t*>(vq.hi);
+    for (int e = 0; e < head_dim; ++e) {
+      const int column = e / parts / 4, byte = e / parts % 4, part = e % parts;
+      hi[4 * (column * parts + part) + byte] = static_cast<int8_t>(codes[e]);
+    }
+    for (int g = 0; g < plan.num_groups; ++g) {
+      __m256 sum = _mm256_setzero_ps();
+      for (int e = g * plan.group_elems; e < (g + 1) * plan.group_elems; e += 8) {
+        sum = _mm256_add_ps(sum, _mm256_loadu_ps(qj + e));
+      }
+      vq.group_sum[g] = SumLanes(sum);
+    }
+  }
+}
+
+// Dwords [offset / 4, offset / 4 + n) (n <= 8) of 8 rows, row k in lanes k: the first n
+// dwords of each row read (masked loads past them: a row may end at a page's end).
+// cols[c] = dword c of rows 0..7.
+HWY_INLINE void LoadColumnChunk(const std::byte* const* rows, size_t offset, int n, __m256i* cols) {
+  if (n <= 4) {  // rows k and k + 4 share a vector; a 4x4 transpose within the 128-bit lanes
+    const __m128i mask = _mm_cmpgt_epi32(_mm_set1_epi32(n), _mm_setr_epi32(0, 1, 2, 3));
+    __m256i a[4];
+    for (int k = 0; k < 4; ++k) {
+      const auto row = [&](int r) {
+        const auto* p = reinterpret_cast<const int*>(rows[r] + offset);
+        return n == 4 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))
+                      : _mm_maskload_epi32(p, mask);
+      };
+      a[k] = _mm256_inserti128_si256(_mm256_castsi128_si256(row(k)), row(k + 4), 1);
+    }
+    const __m256i t0 = _mm256_unpacklo_epi32(a[0], a[1]), t1 = _mm256_unpackhi_epi32(a[0], a[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(a[2], a[3]), t3 = _mm256_unpackhi_epi32(a[2], a[3]);
+    cols[0] = _mm256_unpacklo_epi64(t0, t2);
+    cols[1] = _mm256_unpackhi_epi64(t0, t2);
+    cols[2] = _mm256_unpacklo_epi64(t1, t3);
+    cols[3] = _mm256_unpackhi_epi64(t1, t3);
+    return;
+  }
+  const __m256i mask =
+      _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256i r[8];
+  for (int k = 0; k < 8; ++k) {
+    const auto* p = reinterpret_cast<const int*>(rows[k] + offset);
+    r[k] = n == 8 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                  : _mm256_maskload_epi32(p, mask);
+  }
+  // An 8x8 dword transpose: pairs, then quads within the 128-bit lanes, then the lanes.
+  __m256i t[8], u[8];
+  for (int k = 0; k < 8; k += 2) {
+    t[k] = _mm256_unpacklo_epi32(r[k], r[k + 1]);
+    t[k + 1] = _mm256_unpackhi_epi32(r[k], r[k + 1]);
+  }
+  for (int k = 0; k < 8; k += 4) {
+    u[k] = _mm256_unpacklo_epi64(t[k], t[k + 2]);      // dwords 0 and 4 of rows k..k+3
+    u[k + 1] = _mm256_unpackhi_epi64(t[k], t[k + 2]);  // 1 and 5
+    u[k + 2] = _mm256_unpacklo_epi64(t[k + 1], t[k + 3]);
+    u[k + 3] = _mm256_unpackhi_epi64(t[k + 1], t[k + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    cols[k] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x20);
+    cols[4 + k] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x31);
+  }
+}
+
+// Dwords [0, num_dwords) from `offset` of the 8 rows, dword c of every row in cols[c].
+HWY_INLINE void LoadColumns8(const std::byte* const* rows, size_t offset, int num_dwords,
+                             __m256i* cols) {
+  for (int c0 = 0; c0 < num_dwords; c0 += 8) {
+    LoadColumnChunk(rows, offset + 4 * static_cast<size_t>(c0), std::min(8, num_dwords - c0),
+                    cols + c0);
+  }
+}
+
+// The f16 halves of the dwords of x as floats: the low halves, and the high ones in *high.
+HWY_INLINE __m256 SplitHalves(__m256i x, __m256* high) {
+  // [low 0..3, high 0..3 | low 4..7, high 4..7], then the 64-bit quarters into order.
+  const __m256i packed = _mm256_permute4x64_epi64(
+      _mm256_packus_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0xFFFF)), _mm256_srli_epi32(x, 16)),
+      0xD8);
+  *high = _mm256_cvtph_ps(_mm256_extracti128_si256(packed, 1));
+  return _mm256_cvtph_ps(_mm256_castsi256_si128(packed));
+}
+
+// The (scale, min) of every group of the 8 keys from key0, as vectors over the keys.
+HWY_INLINE void LoadGroupScales8(const VnniPlan& plan, const RowSet& keys, size_t key0,
+                                 __m256* scale, __m256* min) {
+  const int header_dwords = plan.absmax ? (plan.num_groups + 1) / 2 : plan.num_groups;
+  __m256i cols[16];
+  LoadColumns8(keys.hdrs + key0, 0, header_dwords, cols);
+  for (int c = 0; c < header_dwords; ++c) {
+    __m256 high;
+    const __m256 low = SplitHalves(cols[c], &high);
+    if (plan.absmax) {  // d of groups 2c and 2c + 1: (scale, min) = (d, -8 d)
+      scale[2 * c] = low;
+      min[2 * c] = _mm256_mul_ps(low, _mm256_set1_ps(-8.0f));
+      if (2 * c + 1 < plan.num_groups) {
+        scale[2 * c + 1] = high;
+        min[2 * c + 1] = _mm256_mul_ps(high, _mm256_set1_ps(-8.0f));
+      }
+    } else {  // (scale, min) of group c
+      scale[c] = low;
+      min[c] = high;
+    }
+  }
+}
+
+// Scores of 8 keys (their code columns in cols) against kNumQ query heads, to s[j * s_stride].
+template <int kBits, int kNumQ, int kBlockElems>
+HWY_INLINE void MaddScoreColumns(const VnniPlan& plan, const __m256i* cols, const __m256* scale,
+                                 const __m256* min, const VnniQuery* q, float* s, size_t s_stride) {
+  constexpr int kParts = 8 / kBits;
+  constexpr int kColsPerBlock = kBlockElems * kBits / 32;
+  const int num_blocks = static_cast<int>(plan.head_dim) / kBlockElems;
+  const int blocks_per_group = plan.group_elems / kBlockElems;
+  const __m256i mask = _mm256_set1_epi8(static_cast<char>((1 << kBits) - 1));
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 total[kNumQ];
+  for (int j = 0; j < kNumQ; ++j) total[j] = _mm256_setzero_ps();
+  for (int b = 0; b < num_blocks; ++b) {
+    const int g = b / blocks_per_group;
+    __m256i sums[kNumQ];  // s16: at most 8 products of pairs, below 2^15 (file comment)
+    for (int j = 0; j < kNumQ; ++j) sums[j] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int c = b * kColsPerBlock; c < (b + 1) * kColsPerBlock; ++c) {
+#pragma GCC unroll 4
+      for (int r = 0; r < kParts; ++r) {
+        const __m256i u =
+            _mm256_and_si256(r == 0 ? cols[c] : _mm256_srli_epi32(cols[c], r * kBits), mask);
+        for (int j = 0; j < kNumQ; ++j) {
+          const __m256i query = _mm256_set1_epi32(q[j].hi[c * kParts + r]);
+          sums[j] = _mm256_add_epi16(sums[j], _mm256_maddubs_epi16(u, query));
+        }
+      }
+    }
+    for (int j = 0; j < kNumQ; ++j) {
+      // hi alone: its step is 256 block_scale.
+      const __m256 step = _mm256_set1_ps(256.0f * q[j].block_scale[b]);
+      total[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sums[j], ones)),
+                                 _mm256_mul_ps(scale[g], step), total[j]);
+    }
+    if ((b + 1) % blocks_per_group == 0) {  // the group's minimum term
+      for (int j = 0; j < kNumQ; ++j) {
+        total[j] = _mm256_fmadd_ps(min[g], _mm256_set1_ps(q[j].group_sum[g]), total[j]);
+      }
+    }
+  }
+  for (int j = 0; j < kNumQ; ++j) _mm256_storeu_ps(s + j * s_stride, total[j]);
+}
+
+template <int kBits, int kBlockElems>
+void MaddScoreTileBits(const VnniPlan& plan, const RowSet& keys, const RowSet& values,
+                       size_t num_keys, const VnniQuery* q, int group, float* s, size_t s_stride) {
+  const int code_dwords = static_cast<int>(plan.head_dim) * kBits / 32;
+  for (size_t key0 = 0; key0 < num_keys; key0 += kMaddKeys) {
+    for (size_t k = key0; k < key0 + kMaddKeys; k += 4) {
+      PrefetchAhead(keys, k, num_keys);
+      PrefetchAhead(values, k, num_keys);
+    }
+    __m256 scale[16], min[16];
+    LoadGroupScales8(plan, keys, key0, scale, min);
+    __m256i cols[kVnniMaxHeadDim / 8];  // 4-bit codes: 8 elements per dword
+    LoadColumns8(keys.rows + key0, 0, code_dwords, cols);
+    float* out = s + key0;
+    int j = 0;
+    for (; j + 4 <= group; j += 4) {
+      MaddScoreColumns<kBits, 4, kBlockElems>(plan, cols, scale, min, q + j, out + j * s_stride,
+                                              s_stride);
+    }
+    for (; j + 2 <= group; j += 2) {
+      MaddScoreColumns<kBits, 2, kBlockElems>(plan, cols, scale, min, q + j, out + j * s_stride,
+                                              s_stride);
+    }
+    for (; j < group; ++j) {
+      MaddScoreColumns<kBits, 1, kBlockElems>(plan, cols, scale, min, q + j, out + j * s_stride,
+                                              s_stride);
+    }
+  }
+}
+
+// Scores of a tile's keys (rows padded to a multiple of 16) for the `group` query heads:
+// s: [group, s_stride], as ScoreTile; q from MaddPrepareQueries.
+void MaddScoreTile(const VnniPlan& plan, const RowSet& keys, const RowSet& values, size_t num_keys,
+                   const VnniQuery* q, int group, float* s, size_t s_stride) {
+  const bool block32 = plan.block_elems == 32;
+  if (plan.bits == 4) {
+    return block32 ? MaddScoreTileBits<4, 32>(plan, keys, values, num_keys, q, group, s, s_stride)
+                   : MaddScoreTileBits<4, 16>(plan, keys, values, num_keys, q, group, s, s_stride);
+  }
+  return block32 ? MaddScoreTileBits<2, 32>(plan, keys, values, num_keys, q, group, s, s_stride)
+                 : MaddScoreTileBits<2, 16>(plan, keys, values, num_keys, q, group, s, s_stride);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Values of 4 bits in groups of a multiple of 32 elements: acc_j[e] += sum over keys t of
+// p_j[t] * (scale_g[t] * code_t[e] + min_g[t]). As for VNNI (VnniAccumulateTile): per tile, head
+// j and group g the weights p_j[t] * scale_g[t] are rounded to int16 against a bound on their
+// largest, W = max p_j * max |scale_g| / 32767 (each off by at most W / 2), and the minima go in
+// as sum_t p_j[t] * min_g[t] per group, in floats. vpmaddwd adds w_t0 * code_t0[e] + w_t1 *
+// code_t1[e] for a pair of keys into i32 lane e (at most 256 keys: 32767 * 15 * 256 < 2^31).
+//
+// Order: 16 code bytes of a key pair (32 elements) are widened to words and interleaved, word
+// pairs (key t0, key t1) per dword, in four vectors of 8 elements (MaddValueElement). A task's
+// state holds its elements in that order and goes back to element order once at its end
+// (MaddValueOrderToElements).
+
+// Code bytes per value slice (32 elements of 4 bits).
+constexpr int kMaddSliceBytes = 16;
+
+// The element that state slot `slot` of a value row holds: slot 32 s + 8 k + l is part k % 2
+// (the low or high nibble) of byte 4 (k / 2) + (l < 4 ? l : l + 4) of slice s.
+constexpr int MaddValueElement(int slot) {
+  const int slice = slot / 32, k = slot % 32 / 8, l = slot % 8;
+  const int byte = kMaddSliceBytes * slice + 4 * (k / 2) + (l < 4 ? l : l + 4);
+  return 2 * byte + k % 2;
+}
+
+// The plan for 4-bit integer-group values (not ok for anything else, or where the dot product
+// readers are switched off for a test). lanes: the float vector's.
+VnniPlan PlanMaddValues(const SideSpec& side, size_t head_dim, size_t lanes) {
+  if (side.reader == Reader::kInt2) return {};
+  VnniPlan plan = PlanMaddKeys(side, head_dim, lanes);
+  if (plan.group_elems % 32 != 0) plan.ok = false;  // a slice within one group
+  return plan;
+}
+
+// The int16 weights of a tile (QuantiseWeights' for VNNI, 8 keys at a time): weights
+// [group][num_groups][num_keys8 / 2] (dword u: keys 2u and 2u + 1), their steps w_scale and the
+// minima's sums min_sum [group][num_groups]. p: [group, p_stride], 0 from num_keys to num_keys8.
+void MaddQuantiseWeights(const VnniPlan& plan, const RowSet& values, size_t num_keys8,
+                         const float* p, size_t p_stride, int group, int32_t* weights,
+                         float* w_scale, float* min_sum) {
+  const int num_groups = plan.num_groups;
+  const size_t num_pairs = num_keys8 / 2;
+  // Per group, the keys' scales and minima: [num_groups][num_keys8].
+  float* hs = Scratch(kSlotHeaders, 2 * static_cast<size_t>(num_groups) * num_keys8);
+  float* hm = hs + static_cast<size_t>(num_groups) * num_keys8;
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 scale_max[16];
+  for (int g = 0; g < num_groups; ++g) scale_max[g] = _mm256_setzero_ps();
+  for (size_t key0 = 0; key0 < num_keys8; key0 += kMaddKeys) {
+    __m256 scale[16], min[16];
+    LoadGroupScales8(plan, values, key0, scale, min);
+    for (int g = 0; g < num_groups; ++g) {
+      _mm256_storeu_ps(hs + g * num_keys8 + key0, scale[g]);
+      _mm256_storeu_ps(hm + g * num_keys8 + key0, min[g]);
+      scale_max[g] = _mm256_max_ps(scale_max[g], _mm256_and_ps(scale[g], abs_mask));
+    }
+  }
+  float s_factor[16], s_max[16];
+  for (int g = 0; g < num_groups; ++g) {
+    s_max[g] = MaxLane(scale_max[g]);
+    s_factor[g] = s_max[g] > 0.0f ? 1.0f / s_max[g] : 0.0f;
+  }
+  for (int j = 0; j < group; ++j) {
+    const float* pj = p + j * p_stride;
+    __m256 p_max = _mm256_setzero_ps();
+    for (size_t k = 0; k < num_keys8; k += kMaddKeys) {
+      p_max = _mm256_max_ps(p_max, _mm256_loadu_ps(pj + k));
+    }
+    const float largest = MaxLane(p_max);
+    const float p_factor = largest > 0.0f ? 32767.0f / largest : 0.0f;
+    for (int g = 0; g < num_groups; ++g) {
+      const size_t row = static_cast<size_t>(j) * num_groups + g;
+      w_scale[row] = largest * s_max[g] / 32767.0f;
+      const __m256 factor = _mm256_set1_ps(p_factor * s_factor[g]);
+      __m256 sum = _mm256_setzero_ps();
+      for (size_t k = 0; k < num_keys8; k += kMaddKeys) {
+        const __m256 pk = _mm256_loadu_ps(pj + k);
+        sum = _mm256_fmadd_ps(pk, _mm256_loadu_ps(hm + g * num_keys8 + k), sum);
+        const __m256i w = _mm256_cvtps_epi32(
+            _mm256_mul_ps(_mm256_mul_ps(pk, factor), _mm256_loadu_ps(hs + g * num_keys8 + k)));
+        // Saturated to int16 (rounding can reach 32767.5), keys in order in the low 128 bits.
+        const __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(w, w), 0x08);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(weights + row * num_pairs + k / 2),
+                         _mm256_castsi256_si128(packed));
+      }
+      min_sum[row] = SumLanes(sum);
+    }
+  }
+}
+
+// The i32 sums of one 32-element slice over the tile's key pairs for kNumQ heads, by
+// MaddValueElement's vectors k: acc[j * 4 + k] for the whole code bytes (k even) and for their
+// high nibbles (k odd), from which the low nibbles' sums follow. (Whole bytes need
+// no mask: four ANDs fewer per pair, and the mask's register. At most 256 keys: 32767 * 255 * 256
+// < 2^31.) weights[j]: head j's pairs for the slice's group.
+template <int kNumQ>
+HWY_INLINE void MaddAccumulateSlice(const RowSet& values, size_t num_pairs, size_t offset,
+                                    const int32_t* const* weights, __m256i* acc) {
+  static_assert(32767LL * 255 * kDecodeTile <= INT32_MAX, "the i32 sums of a tile overflow");
+  for (int i = 0; i < 4 * kNumQ; ++i) acc[i] = _mm256_setzero_si256();
+  for (size_t u = 0; u < num_pairs; ++u) {
+    const auto load = [&](size_t key) {
+      return _mm256_cvtepu8_epi16(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(values.rows[key] + offset)));
+    };
+    const __m256i a = load(2 * u), b = load(2 * u + 1);
+    __m256i w[kNumQ];
+    for (int j = 0; j < kNumQ; ++j) w[j] = _mm256_set1_epi32(weights[j][u]);
+    for (int k = 0; k < 4; ++k) {
+      const __m256i pair = k < 2 ? _mm256_unpacklo_epi16(a, b) : _mm256_unpackhi_epi16(a, b);
+      const __m256i x = k % 2 == 0 ? pair : _mm256_srli_epi16(pair, 4);
+      for (int j = 0; j < kNumQ; ++j) {
+        acc[j * 4 + k] = _mm256_add_epi32(acc[j * 4 + k], _mm256_madd_epi16(x, w[j]));
+      }
+    }
+  }
+}
+
+// Weighted sum of a tile's values (rows padded to a multiple of 16) into the running states of
+// the `group` query heads, as AccumulateTile, in MaddValueElement's order: p: [group, p_stride]
+// softmax weights (0 past num_keys, up to the next multiple of 8); state: [group, state_stride].
+void MaddAccumulateTile(const VnniPlan& plan, const RowSet& values, size_t num_keys, const float* p,
+                        size_t p_stride, int group, float* state, size_t state_stride) {
+  const size_t num_keys8 = (num_keys + kMaddKeys - 1) / kMaddKeys * kMaddKeys;
+  const size_t num_pairs = num_keys8 / 2;
+  const int num_groups = plan.num_groups;
+  thread_local std::vector<int32_t> weights;
+  thread_local std::vector<float> w_scale, min_sum;
+  weights.resize(static_cast<size_t>(group) * num_groups * num_pairs);
+  w_scale.resize(static_cast<size_t>(group) * num_groups);
+  min_sum.resize(static_cast<size_t>(group) * num_groups);
+  MaddQuantiseWeights(plan, values, num_keys8, p, p_stride, group, weights.data(), w_scale.data(),
+                      min_sum.data());
+  const int num_slices = static_cast<int>(plan.head_dim) / 32;
+  for (int slice = 0; slice < num_slices; ++slice) {
+    const int g = slice * 32 / plan.group_elems;
+    // Two heads at a time: 8 accumulators, 4 code vectors and a weight in the 16 registers.
+    for (int j = 0; j < group;) {
+      const int num_q = group - j >= 2 ? 2 : 1;
+      const int32_t* w[2];
+      for (int jj = 0; jj < num_q; ++jj) {
+        w[jj] = weights.data() + (static_cast<size_t>(j + jj) * num_groups + g) * num_pairs;
+      }
+      __m256i acc[8];
+      const size_t offset = kMaddSliceBytes * static_cast<size_t>(slice);
+      if (num_q == 2) {
+        MaddAccumulateSlice<2>(values, num_pairs, offset, w, acc);
+      } else {
+        MaddAccumulateSlice<1>(values, num_pairs, offset, w, acc);
+      }
+      for (int jj = 0; jj < num_q; ++jj) {
+        const size_t row = static_cast<size_t>(j + jj) * num_groups + g;
+        const __m256 scale = _mm256_set1_ps(w_scale[row]), min = _mm256_set1_ps(min_sum[row]);
+        float* st = state + (j + jj) * state_stride + 32 * slice;
+        for (int k = 0; k < 4; ++k) {
+          // The low nibbles: the whole bytes' sums less 16 times the high nibbles'.
+          const __m256i sums =
+              k % 2 == 1
+                  ? acc[jj * 4 + k]
+                  : _mm256_sub_epi32(acc[jj * 4 + k], _mm256_slli_epi32(acc[jj * 4 + k + 1], 4));
+          const __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, min);
+          _mm256_storeu_ps(st + 8 * k, _mm256_add_ps(_mm256_loadu_ps(st + 8 * k), v));
+        }
+      }
+      j += num_q;
+    }
+  }
+}
+
+// The `group` heads' states from MaddValueElement's order back to element order.
+void MaddValueOrderToElements(const VnniPlan& plan, int group, float* state, size_t state_stride) {
+  alignas(32) float row[kVnniMaxHeadDim];
+  for (int j = 0; j < group; ++j) {
+    float* st = state + j * state_stride;
+    std::memcpy(row, st, plan.head_dim * sizeof(float));
+    for (int slot = 0; slot < static_cast<int>(plan.head_dim); ++slot) {
+      st[MaddValueElement(slot)] = row[slot];
+    }
+  }
+}
+
+#else  // not AVX2: the VNNI readers or the float readers
+
+VnniPlan PlanMaddKeys(const SideSpec&, size_t, size_t) { return {}; }
+void MaddPrepareQueries(const VnniPlan&, const float*, int, VnniQuery*) {}
+void MaddScoreTile(const VnniPlan&, const RowSet&, const RowSet&, size_t, const VnniQuery*, int,
+                   float*, size_t) {}
+VnniPlan PlanMaddValues(const SideSpec&, size_t, size_t) { return {}; }
+void MaddAccumulateTile(const VnniPlan&, const RowSet&, size_t, const float*, size_t, int, float*,
+                        size_t) {}
+void MaddValueOrderToElements(const VnniPlan&, int, float*, size_t) {}
+
+#endif  // HWY_TARGET == HWY_AVX2
+
+}  // namespace
+}  // namespace HWY_NAMESPACE
+}  // namespace kvstack
+HWY_AFTER_NAMESPACE();
+
+#endif  // include guard (per target)
