@@ -168,6 +168,8 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
   } else if (vnni.ok) {
     vnni_queries.resize(group);
     VnniPrepareQueries(vnni, q, group, vnni_queries.data());
+  } else if (madd.ok && madd.kivi) {
+    MaddKiviPrepareQueries(madd, q, group, &kivi_queries);
   } else if (madd.ok) {
     vnni_queries.resize(group);
     MaddPrepareQueries(madd, q, group, vnni_queries.data());
@@ -192,7 +194,8 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
       VnniScoreTile(vnni, keys, values, num_keys, vnni_queries.data(), kivi_queries, group, s,
                     s_stride);
     } else if (madd.ok) {
-      MaddScoreTile(madd, keys, values, num_keys, vnni_queries.data(), group, s, s_stride);
+      MaddScoreTile(madd, keys, values, num_keys, vnni_queries.data(), kivi_queries, group, s,
+                    s_stride);
     } else if (bf16.keys) {
       Bf16ScoreTile(bf16, keys, values, num_keys, q16.data(), half_unscale.data(),
                     widened_queries.data(), group, head_dim, s, s_stride);

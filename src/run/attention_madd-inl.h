@@ -20,6 +20,7 @@
 // unsigned and would saturate vpmaddubsw; KIVI keys, whose queries are folded per unit; values.
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -75,22 +76,59 @@ VnniPlan PlanMaddKeys(const SideSpec& side, size_t head_dim, size_t lanes) {
     case Reader::kInt4:
     case Reader::kInt4S:
     case Reader::kInt2:
+      plan.bits = side.reader == Reader::kInt2 ? 2 : 4;
+      plan.group_elems = side.group_elems;
+      plan.num_groups = side.num_header_floats / 2;
+      plan.absmax = side.absmax_header;
+      if (plan.group_elems % 16 != 0 || plan.num_groups > 16 ||
+          static_cast<size_t>(plan.group_elems * plan.num_groups) != head_dim) {
+        return plan;
+      }
+      break;
+    case Reader::kKivi4:
+    case Reader::kKivi2:
+      plan.bits = side.reader == Reader::kKivi2 ? 2 : 4;
+      plan.group_elems = static_cast<int>(head_dim);
+      plan.kivi = true;
       break;
     default:
       return plan;
-  }
-  plan.bits = side.reader == Reader::kInt2 ? 2 : 4;
-  plan.group_elems = side.group_elems;
-  plan.num_groups = side.num_header_floats / 2;
-  plan.absmax = side.absmax_header;
-  if (plan.group_elems % 16 != 0 || plan.num_groups > 16 ||
-      static_cast<size_t>(plan.group_elems * plan.num_groups) != head_dim) {
-    return plan;
   }
   plan.block_elems = plan.group_elems % 32 == 0 ? 32 : 16;
   plan.head_dim = head_dim;
   plan.ok = true;
   return plan;
+}
+
+// The query codes[0, head_dim) (int32, within [-127, 127]) as bytes in [column][part][byte]
+// order (VnniQuery::hi): element e is byte e / parts % 4 of column e / parts / 4, part e % parts.
+// That order repeats every 8 bytes at 4 bits (dest 4 r + byte = source 2 byte + r) and every 16
+// at 2 bits (dest 4 r + byte = source 4 byte + r): one byte shuffle per 32 codes once packed.
+HWY_INLINE void StoreQueryColumns(const int32_t* codes, int head_dim, int parts, int8_t* hi) {
+  alignas(32) static constexpr auto kShuffles = [] {
+    std::array<std::array<uint8_t, 32>, 2> t{};  // [parts == 4]
+    for (int i = 0; i < 32; ++i) {
+      const int r2 = i % 8 / 4, byte2 = i % 4;  // 2 parts per byte: 8-byte pattern
+      t[0][i] = static_cast<uint8_t>(i % 16 / 8 * 8 + 2 * byte2 + r2);
+      const int r4 = i % 16 / 4, byte4 = i % 4;  // 4 parts: 16-byte pattern
+      t[1][i] = static_cast<uint8_t>(4 * byte4 + r4);
+    }
+    return t;
+  }();
+  const __m256i shuffle =
+      _mm256_load_si256(reinterpret_cast<const __m256i*>(kShuffles[parts == 4].data()));
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int e = 0; e < head_dim; e += 32) {
+    const auto load = [&](int i) {
+      return _mm256_load_si256(reinterpret_cast<const __m256i*>(codes + e + 8 * i));
+    };
+    // Dwords of the packs: [v0 0-3, v1 0-3, v2 0-3, v3 0-3 | v0 4-7, ...], then into order.
+    const __m256i packed =
+        _mm256_permutevar8x32_epi32(_mm256_packs_epi16(_mm256_packs_epi32(load(0), load(1)),
+                                                       _mm256_packs_epi32(load(2), load(3))),
+                                    order);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + e), _mm256_shuffle_epi8(packed, shuffle));
+  }
 }
 
 // Quantises the `group` query heads q: [group, head_dim] (scaled, rotated) for `plan`, as
@@ -120,13 +158,7 @@ void MaddPrepareQueries(const VnniPlan& plan, const float* q, int group, VnniQue
       }
       vq.block_scale[b0 / block] = m / 127.0f / 256.0f;
     }
-    // Element e is byte e / parts % 4 of column e / parts / 4, part e % parts: into
-    // [column][part][byte] order (VnniQuery::hi).
-    auto* hi = reinterpret_cast<int8_t*>(vq.hi);
-    for (int e = 0; e < head_dim; ++e) {
-      const int column = e / parts / 4, byte = e / parts % 4, part = e % parts;
-      hi[4 * (column * parts + part) + byte] = static_cast<int8_t>(codes[e]);
-    }
+    StoreQueryColumns(codes, head_dim, parts, reinterpret_cast<int8_t*>(vq.hi));
     for (int g = 0; g < plan.num_groups; ++g) {
       __m256 sum = _mm256_setzero_ps();
       for (int e = g * plan.group_elems; e < (g + 1) * plan.group_elems; e += 8) {
@@ -301,10 +333,137 @@ void MaddScoreTileBits(const VnniPlan& plan, const RowSet& keys, const RowSet& v
   }
 }
 
+// KIVI: the `group` query heads q: [group, head_dim] (scaled, rotated) into `out` (KiviQueries:
+// q per block of 32 times 127 / its largest |q|, and those largest). Once per task.
+void MaddKiviPrepareQueries(const VnniPlan& plan, const float* q, int group, KiviQueries* out) {
+  const size_t head_dim = plan.head_dim;
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  out->q = q;
+  out->qhat.resize(group * head_dim);
+  out->qmax.resize(group * head_dim / 32);
+  for (size_t e = 0; e < group * head_dim; e += 32) {
+    __m256 max_abs = _mm256_setzero_ps();
+    for (size_t i = e; i < e + 32; i += 8) {
+      max_abs = _mm256_max_ps(max_abs, _mm256_and_ps(_mm256_loadu_ps(q + i), abs_mask));
+    }
+    const float m = MaxLane(max_abs);
+    out->qmax[e / 32] = m;
+    const __m256 inv = _mm256_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+    for (size_t i = e; i < e + 32; i += 8) {
+      _mm256_storeu_ps(&out->qhat[i], _mm256_mul_ps(_mm256_loadu_ps(q + i), inv));
+    }
+  }
+}
+
+// KIVI: the query heads folded with one unit's per-channel (scale, min) pairs and quantised per
+// block of 32 channels, as VnniPrepareKiviUnit: out[j] for q_j * scale (step max|q_j| x
+// max|scale| / 127 per block: codes qhat * scale / max|scale|), bias[j] = q_j . min.
+void MaddPrepareKiviUnit(const VnniPlan& plan, const std::byte* unit, const KiviQueries& queries,
+                         int group, VnniQuery* out, float* bias) {
+  const int head_dim = static_cast<int>(plan.head_dim), parts = 8 / plan.bits;
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256i limit = _mm256_set1_epi32(127);
+  __m256 ratio[kVnniMaxHeadDim / 8], min[kVnniMaxHeadDim / 8];
+  float scale_max[kVnniMaxHeadDim / 32];
+  for (int v = 0; v < head_dim / 8; ++v) {
+    ratio[v] = SplitHalves(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit) + v), &min[v]);
+  }
+  for (int b = 0; b < head_dim / 32; ++b) {
+    __m256 max_abs = _mm256_setzero_ps();
+    for (int v = 4 * b; v < 4 * b + 4; ++v) {
+      max_abs = _mm256_max_ps(max_abs, _mm256_and_ps(ratio[v], abs_mask));
+    }
+    scale_max[b] = MaxLane(max_abs);
+    const __m256 inv = _mm256_set1_ps(scale_max[b] > 0.0f ? 1.0f / scale_max[b] : 0.0f);
+    for (int v = 4 * b; v < 4 * b + 4; ++v) ratio[v] = _mm256_mul_ps(ratio[v], inv);
+  }
+  for (int j = 0; j < group; ++j) {
+    const float* qj = queries.q + static_cast<size_t>(j) * head_dim;
+    const float* qhat = queries.qhat.data() + static_cast<size_t>(j) * head_dim;
+    VnniQuery& vq = out[j];
+    __m256 sum = _mm256_setzero_ps();
+    alignas(32) int32_t codes[kVnniMaxHeadDim];
+    for (int v = 0; v < head_dim / 8; ++v) {
+      sum = _mm256_fmadd_ps(_mm256_loadu_ps(qj + 8 * v), min[v], sum);
+      const __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(qhat + 8 * v), ratio[v]));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(codes + 8 * v),
+                         _mm256_max_epi32(_mm256_min_epi32(c, limit),
+                                          _mm256_sub_epi32(_mm256_setzero_si256(), limit)));
+    }
+    bias[j] = SumLanes(sum);
+    for (int b = 0; b < head_dim / 32; ++b) {
+      vq.block_scale[b] =
+          queries.qmax[static_cast<size_t>(j) * head_dim / 32 + b] * scale_max[b] / 127.0f / 256.0f;
+    }
+    StoreQueryColumns(codes, head_dim, parts, reinterpret_cast<int8_t*>(vq.hi));
+    vq.group_sum[0] = 0.0f;  // (the unit's bias holds q . min)
+  }
+}
+
+// KIVI keys: a unit's key is codes * scale_c + min_c per channel c, so q . k = (q * scale) .
+// codes + q . min, with q * scale quantised per unit (MaddPrepareKiviUnit); runs of 8 keys that
+// share a unit are scored with it.
+template <int kBits>
+void MaddScoreTileKivi(const VnniPlan& plan, const RowSet& keys, const RowSet& values,
+                       size_t num_keys, const KiviQueries& queries, int group, float* s,
+                       size_t s_stride) {
+  const int code_dwords = static_cast<int>(plan.head_dim) * kBits / 32;
+  thread_local std::vector<VnniQuery> unit_queries;
+  thread_local std::vector<float> bias;  // [group] q . min of the unit
+  unit_queries.resize(group);
+  bias.resize(group);
+  const std::byte* prepared_unit = nullptr;
+  const __m256 scale[1] = {_mm256_set1_ps(1.0f)}, min[1] = {_mm256_setzero_ps()};
+  alignas(32) float block_scores[4 * kMaddKeys];
+  for (size_t key0 = 0; key0 < num_keys; key0 += kMaddKeys) {
+    for (size_t k = key0; k < key0 + kMaddKeys; k += 4) {
+      PrefetchAhead(keys, k, num_keys);
+      PrefetchAhead(values, k, num_keys);
+    }
+    __m256i cols[kVnniMaxHeadDim / 8];
+    LoadColumns8(keys.rows + key0, 0, code_dwords, cols);
+    for (size_t k = key0; k < key0 + kMaddKeys;) {
+      const std::byte* unit = keys.hdrs[k];
+      size_t run_end = k + 1;
+      while (run_end < key0 + kMaddKeys && keys.hdrs[run_end] == unit) ++run_end;
+      if (unit != prepared_unit) {
+        MaddPrepareKiviUnit(plan, unit, queries, group, unit_queries.data(), bias.data());
+        prepared_unit = unit;
+      }
+      for (int j = 0; j < group;) {
+        const int step = group - j >= 4 ? 4 : group - j >= 2 ? 2 : 1;
+        if (step == 4) {
+          MaddScoreColumns<kBits, 4, 32>(plan, cols, scale, min, &unit_queries[j], block_scores,
+                                         kMaddKeys);
+        } else if (step == 2) {
+          MaddScoreColumns<kBits, 2, 32>(plan, cols, scale, min, &unit_queries[j], block_scores,
+                                         kMaddKeys);
+        } else {
+          MaddScoreColumns<kBits, 1, 32>(plan, cols, scale, min, &unit_queries[j], block_scores,
+                                         kMaddKeys);
+        }
+        for (int jj = 0; jj < step; ++jj) {
+          for (size_t key = k; key < run_end; ++key) {
+            s[(j + jj) * s_stride + key] = block_scores[jj * kMaddKeys + key - key0] + bias[j + jj];
+          }
+        }
+        j += step;
+      }
+      k = run_end;
+    }
+  }
+}
+
 // Scores of a tile's keys (rows padded to a multiple of 16) for the `group` query heads:
 // s: [group, s_stride], as ScoreTile; q from MaddPrepareQueries.
 void MaddScoreTile(const VnniPlan& plan, const RowSet& keys, const RowSet& values, size_t num_keys,
-                   const VnniQuery* q, int group, float* s, size_t s_stride) {
+                   const VnniQuery* q, const KiviQueries& kivi, int group, float* s,
+                   size_t s_stride) {
+  if (plan.kivi) {
+    return plan.bits == 4
+               ? MaddScoreTileKivi<4>(plan, keys, values, num_keys, kivi, group, s, s_stride)
+               : MaddScoreTileKivi<2>(plan, keys, values, num_keys, kivi, group, s, s_stride);
+  }
   const bool block32 = plan.block_elems == 32;
   if (plan.bits == 4) {
     return block32 ? MaddScoreTileBits<4, 32>(plan, keys, values, num_keys, q, group, s, s_stride)
@@ -315,35 +474,33 @@ void MaddScoreTile(const VnniPlan& plan, const RowSet& keys, const RowSet& value
 }
 
 // ---------------------------------------------------------------------------------------------
-// Values of 4 bits in groups of a multiple of 32 elements: acc_j[e] += sum over keys t of
+// Values of 4 and 2 bits in groups of a multiple of 32 elements: acc_j[e] += sum over keys t of
 // p_j[t] * (scale_g[t] * code_t[e] + min_g[t]). As for VNNI (VnniAccumulateTile): per tile, head
 // j and group g the weights p_j[t] * scale_g[t] are rounded to int16 against a bound on their
 // largest, W = max p_j * max |scale_g| / 32767 (each off by at most W / 2), and the minima go in
 // as sum_t p_j[t] * min_g[t] per group, in floats. vpmaddwd adds w_t0 * code_t0[e] + w_t1 *
-// code_t1[e] for a pair of keys into i32 lane e (at most 256 keys: 32767 * 15 * 256 < 2^31).
+// code_t1[e] for a pair of keys into i32 lane e.
 //
-// Order: 16 code bytes of a key pair (32 elements) are widened to words and interleaved, word
-// pairs (key t0, key t1) per dword, in four vectors of 8 elements (MaddValueElement). A task's
-// state holds its elements in that order and goes back to element order once at its end
-// (MaddValueOrderToElements).
+// Order: the code bytes of a slice of 32 elements of a key pair (16 bytes at 4 bits, 8 at 2) are
+// widened to words and interleaved, word pairs (key t0, key t1) per dword, in four vectors of 8
+// elements (MaddValueElement). A task's state holds its elements in that order and goes back to
+// element order once at its end (MaddValueOrderToElements).
 
-// Code bytes per value slice (32 elements of 4 bits).
-constexpr int kMaddSliceBytes = 16;
-
-// The element that state slot `slot` of a value row holds: slot 32 s + 8 k + l is part k % 2
-// (the low or high nibble) of byte 4 (k / 2) + (l < 4 ? l : l + 4) of slice s.
-constexpr int MaddValueElement(int slot) {
+// The element that state slot `slot` of a value row of `bits` holds: slot 32 s + 8 k + l is, at
+// 4 bits, part k % 2 (the low or high nibble) of byte 4 (k / 2) + (l < 4 ? l : l + 4) of slice
+// s (16 bytes); at 2 bits, part k of byte l of slice s (8 bytes).
+constexpr int MaddValueElement(int slot, int bits) {
   const int slice = slot / 32, k = slot % 32 / 8, l = slot % 8;
-  const int byte = kMaddSliceBytes * slice + 4 * (k / 2) + (l < 4 ? l : l + 4);
+  if (bits == 2) return 4 * (8 * slice + l) + k;
+  const int byte = 16 * slice + 4 * (k / 2) + (l < 4 ? l : l + 4);
   return 2 * byte + k % 2;
 }
 
-// The plan for 4-bit integer-group values (not ok for anything else, or where the dot product
-// readers are switched off for a test). lanes: the float vector's.
+// The plan for 4- and 2-bit integer-group values (not ok for anything else, or where the dot
+// product readers are switched off for a test). lanes: the float vector's.
 VnniPlan PlanMaddValues(const SideSpec& side, size_t head_dim, size_t lanes) {
-  if (side.reader == Reader::kInt2) return {};
   VnniPlan plan = PlanMaddKeys(side, head_dim, lanes);
-  if (plan.group_elems % 32 != 0) plan.ok = false;  // a slice within one group
+  if (plan.kivi || plan.group_elems % 32 != 0) plan.ok = false;  // a slice within one group
   return plan;
 }
 
@@ -404,26 +561,38 @@ void MaddQuantiseWeights(const VnniPlan& plan, const RowSet& values, size_t num_
 }
 
 // The i32 sums of one 32-element slice over the tile's key pairs for kNumQ heads, by
-// MaddValueElement's vectors k: acc[j * 4 + k] for the whole code bytes (k even) and for their
-// high nibbles (k odd), from which the low nibbles' sums follow. (Whole bytes need
-// no mask: four ANDs fewer per pair, and the mask's register. At most 256 keys: 32767 * 255 * 256
-// < 2^31.) weights[j]: head j's pairs for the slice's group.
-template <int kNumQ>
+// MaddValueElement's vectors k: acc[j * 4 + k] for the code bytes shifted right by the bits of
+// the parts before part k within its byte (4 bits: k % 2 parts; 2 bits: k), which are the parts'
+// cumulative values, from which MaddAccumulateTile takes each part's own sums. (No masks: four
+// ANDs fewer per pair, and the mask's register. At most 256 keys: 32767 * 255 * 256 < 2^31.)
+// weights[j]: head j's pairs for the slice's group.
+template <int kBits, int kNumQ>
 HWY_INLINE void MaddAccumulateSlice(const RowSet& values, size_t num_pairs, size_t offset,
                                     const int32_t* const* weights, __m256i* acc) {
   static_assert(32767LL * 255 * kDecodeTile <= INT32_MAX, "the i32 sums of a tile overflow");
   for (int i = 0; i < 4 * kNumQ; ++i) acc[i] = _mm256_setzero_si256();
   for (size_t u = 0; u < num_pairs; ++u) {
-    const auto load = [&](size_t key) {
-      return _mm256_cvtepu8_epi16(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(values.rows[key] + offset)));
-    };
-    const __m256i a = load(2 * u), b = load(2 * u + 1);
+    __m256i lo, hi;  // (key 2u, key 2u + 1) word pairs: 4 bits, bytes 0-3 | 8-11, 4-7 | 12-15
+    if constexpr (kBits == 4) {
+      const auto load = [&](size_t key) {
+        return _mm256_cvtepu8_epi16(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(values.rows[key] + offset)));
+      };
+      const __m256i a = load(2 * u), b = load(2 * u + 1);
+      lo = _mm256_unpacklo_epi16(a, b);
+      hi = _mm256_unpackhi_epi16(a, b);
+    } else {  // 2 bits: bytes 0-7
+      const auto load = [&](size_t key) {
+        return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(values.rows[key] + offset));
+      };
+      lo = hi = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(load(2 * u), load(2 * u + 1)));
+    }
     __m256i w[kNumQ];
     for (int j = 0; j < kNumQ; ++j) w[j] = _mm256_set1_epi32(weights[j][u]);
     for (int k = 0; k < 4; ++k) {
-      const __m256i pair = k < 2 ? _mm256_unpacklo_epi16(a, b) : _mm256_unpackhi_epi16(a, b);
-      const __m256i x = k % 2 == 0 ? pair : _mm256_srli_epi16(pair, 4);
+      const __m256i pair = kBits == 2 || k < 2 ? lo : hi;
+      const int shift = kBits == 4 ? 4 * (k % 2) : 2 * k;
+      const __m256i x = shift == 0 ? pair : _mm256_srli_epi16(pair, shift);
       for (int j = 0; j < kNumQ; ++j) {
         acc[j * 4 + k] = _mm256_add_epi32(acc[j * 4 + k], _mm256_madd_epi16(x, w[j]));
       }
@@ -457,22 +626,27 @@ void MaddAccumulateTile(const VnniPlan& plan, const RowSet& values, size_t num_k
         w[jj] = weights.data() + (static_cast<size_t>(j + jj) * num_groups + g) * num_pairs;
       }
       __m256i acc[8];
-      const size_t offset = kMaddSliceBytes * static_cast<size_t>(slice);
-      if (num_q == 2) {
-        MaddAccumulateSlice<2>(values, num_pairs, offset, w, acc);
+      const size_t offset = static_cast<size_t>(slice) * 32 * plan.bits / 8;
+      if (plan.bits == 4) {
+        num_q == 2 ? MaddAccumulateSlice<4, 2>(values, num_pairs, offset, w, acc)
+                   : MaddAccumulateSlice<4, 1>(values, num_pairs, offset, w, acc);
       } else {
-        MaddAccumulateSlice<1>(values, num_pairs, offset, w, acc);
+        num_q == 2 ? MaddAccumulateSlice<2, 2>(values, num_pairs, offset, w, acc)
+                   : MaddAccumulateSlice<2, 1>(values, num_pairs, offset, w, acc);
       }
       for (int jj = 0; jj < num_q; ++jj) {
         const size_t row = static_cast<size_t>(j + jj) * num_groups + g;
         const __m256 scale = _mm256_set1_ps(w_scale[row]), min = _mm256_set1_ps(min_sum[row]);
         float* st = state + (j + jj) * state_stride + 32 * slice;
         for (int k = 0; k < 4; ++k) {
-          // The low nibbles: the whole bytes' sums less 16 times the high nibbles'.
+          // A part's own sums: its cumulative sums less 2^bits times the next part's, but for
+          // the byte's last part.
+          const bool last = plan.bits == 4 ? k % 2 == 1 : k == 3;
           const __m256i sums =
-              k % 2 == 1
-                  ? acc[jj * 4 + k]
-                  : _mm256_sub_epi32(acc[jj * 4 + k], _mm256_slli_epi32(acc[jj * 4 + k + 1], 4));
+              last ? acc[jj * 4 + k]
+                   : _mm256_sub_epi32(
+                         acc[jj * 4 + k],
+                         _mm256_sll_epi32(acc[jj * 4 + k + 1], _mm_cvtsi32_si128(plan.bits)));
           const __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, min);
           _mm256_storeu_ps(st + 8 * k, _mm256_add_ps(_mm256_loadu_ps(st + 8 * k), v));
         }
@@ -489,7 +663,7 @@ void MaddValueOrderToElements(const VnniPlan& plan, int group, float* state, siz
     float* st = state + j * state_stride;
     std::memcpy(row, st, plan.head_dim * sizeof(float));
     for (int slot = 0; slot < static_cast<int>(plan.head_dim); ++slot) {
-      st[MaddValueElement(slot)] = row[slot];
+      st[MaddValueElement(slot, plan.bits)] = row[slot];
     }
   }
 }
@@ -498,8 +672,9 @@ void MaddValueOrderToElements(const VnniPlan& plan, int group, float* state, siz
 
 VnniPlan PlanMaddKeys(const SideSpec&, size_t, size_t) { return {}; }
 void MaddPrepareQueries(const VnniPlan&, const float*, int, VnniQuery*) {}
-void MaddScoreTile(const VnniPlan&, const RowSet&, const RowSet&, size_t, const VnniQuery*, int,
-                   float*, size_t) {}
+void MaddKiviPrepareQueries(const VnniPlan&, const float*, int, KiviQueries*) {}
+void MaddScoreTile(const VnniPlan&, const RowSet&, const RowSet&, size_t, const VnniQuery*,
+                   const KiviQueries&, int, float*, size_t) {}
 VnniPlan PlanMaddValues(const SideSpec&, size_t, size_t) { return {}; }
 void MaddAccumulateTile(const VnniPlan&, const RowSet&, size_t, const float*, size_t, int, float*,
                         size_t) {}
