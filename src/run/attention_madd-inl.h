@@ -1,23 +1,26 @@
-// Per-target decode reader for 4- and 2-bit integer keys with AVX2 (included by
-// attention_decode.cc inside its foreach_target pass, after attention_vnni-inl.h; compiled only
-// for the AVX2 target, which is what CPUs with AVX2 but without AVX-512 run: AMD Zen 1 to 3,
-// Intel's client cores and Haswell to Broadwell servers).
+// Per-target decode readers for 4- and 2-bit integer keys and values and KIVI keys with AVX2
+// (included by attention_decode.cc inside its foreach_target pass, after attention_vnni-inl.h;
+// compiled only for the AVX2 target, which is what CPUs with AVX2 but without AVX-512 run: AMD
+// Zen 1 to 3, Intel's client cores and Haswell to Broadwell servers).
 //
-// Why: the float readers convert every key element to F32 and spend one FMA per query head on
-// it. On an AMD EPYC (Zen 3) that made 4-bit keys slower than BF16 ones: 4-bit caches end to
-// end 51 tokens/s against BF16's 70 at 16k (docs/representation-speed.md).
+// Why: the float readers convert every element to F32 and spend one FMA per query head on it.
+// On an AMD EPYC (Zen 3) that made 4-bit caches slower than BF16 ones: end to end 51 tokens/s
+// against BF16's 70 at 16k (docs/representation-speed.md, thirteenth round).
 //
-// The design is the VNNI readers' (attention_vnni-inl.h), with their plan and their quantised
+// Keys: the VNNI readers' design (attention_vnni-inl.h), with their plan and their quantised
 // queries (VnniPlan, VnniQuery): 8 keys are transposed so that each i32 lane holds one key, and
 // the 4 query bytes that match a column of 4 code bytes are a broadcast operand. AVX2 has no
 // vpdpbusd: vpmaddubsw multiplies the u8 codes by the s8 query bytes and adds pairs into s16
 // lanes, at most 2 * 15 * 127 = 3810 for 4-bit codes, so a 32-element block's 8 of them add up
 // in s16 (at most 30480 < 32767) before one vpmaddwd by ones widens the sums to i32 per key.
 // The query is quantised as for VNNI (step max|q| / 127 per block of 32 elements, 16 for
-// 16-element groups; the minimum terms use the exact query sums).
+// 16-element groups; the minimum terms use the exact query sums); KIVI keys fold each unit's
+// scales into it, as for VNNI.
 //
-// Not taken here (the float readers read them): int8 keys, whose codes reach 255 once made
-// unsigned and would saturate vpmaddubsw; KIVI keys, whose queries are folded per unit; values.
+// Values: int16 weights by vpmaddwd over pairs of keys (MaddAccumulateTile).
+//
+// Not taken here (the float readers read them): int8 rows, whose codes reach 255 once made
+// unsigned and would saturate vpmaddubsw (they would take vpmaddwd on sign-extended codes).
 
 #include <algorithm>
 #include <array>
@@ -64,39 +67,12 @@ HWY_INLINE float SumLanes(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
 }
 
-// The plan for 4- and 2-bit integer-group keys (not ok for anything else, or where the dot
-// product readers are switched off for a test). lanes: the float vector's.
+// The plan for 4- and 2-bit integer-group keys and KIVI keys (not ok for anything else, or where
+// the dot product readers are switched off for a test). lanes: the float vector's.
 VnniPlan PlanMaddKeys(const SideSpec& side, size_t head_dim, size_t lanes) {
-  VnniPlan plan;
-  if (lanes != kMaddKeys || DotProductReadersDisabledForTest() || head_dim % 32 != 0 ||
-      head_dim > kVnniMaxHeadDim) {
-    return plan;
-  }
-  switch (side.reader) {
-    case Reader::kInt4:
-    case Reader::kInt4S:
-    case Reader::kInt2:
-      plan.bits = side.reader == Reader::kInt2 ? 2 : 4;
-      plan.group_elems = side.group_elems;
-      plan.num_groups = side.num_header_floats / 2;
-      plan.absmax = side.absmax_header;
-      if (plan.group_elems % 16 != 0 || plan.num_groups > 16 ||
-          static_cast<size_t>(plan.group_elems * plan.num_groups) != head_dim) {
-        return plan;
-      }
-      break;
-    case Reader::kKivi4:
-    case Reader::kKivi2:
-      plan.bits = side.reader == Reader::kKivi2 ? 2 : 4;
-      plan.group_elems = static_cast<int>(head_dim);
-      plan.kivi = true;
-      break;
-    default:
-      return plan;
-  }
-  plan.block_elems = plan.group_elems % 32 == 0 ? 32 : 16;
-  plan.head_dim = head_dim;
-  plan.ok = true;
+  if (lanes != kMaddKeys || DotProductReadersDisabledForTest()) return {};
+  VnniPlan plan = IntegerPlanShape(side, head_dim);
+  if (plan.bits == 8) plan.ok = false;  // (int8: see the file comment)
   return plan;
 }
 
@@ -608,13 +584,9 @@ void MaddAccumulateTile(const VnniPlan& plan, const RowSet& values, size_t num_k
   const size_t num_keys8 = (num_keys + kMaddKeys - 1) / kMaddKeys * kMaddKeys;
   const size_t num_pairs = num_keys8 / 2;
   const int num_groups = plan.num_groups;
-  thread_local std::vector<int32_t> weights;
-  thread_local std::vector<float> w_scale, min_sum;
-  weights.resize(static_cast<size_t>(group) * num_groups * num_pairs);
-  w_scale.resize(static_cast<size_t>(group) * num_groups);
-  min_sum.resize(static_cast<size_t>(group) * num_groups);
-  MaddQuantiseWeights(plan, values, num_keys8, p, p_stride, group, weights.data(), w_scale.data(),
-                      min_sum.data());
+  const ValueWeights tile = ValueWeightsScratch(group, num_groups, num_pairs);
+  MaddQuantiseWeights(plan, values, num_keys8, p, p_stride, group, tile.weights, tile.w_scale,
+                      tile.min_sum);
   const int num_slices = static_cast<int>(plan.head_dim) / 32;
   for (int slice = 0; slice < num_slices; ++slice) {
     const int g = slice * 32 / plan.group_elems;
@@ -623,7 +595,7 @@ void MaddAccumulateTile(const VnniPlan& plan, const RowSet& values, size_t num_k
       const int num_q = group - j >= 2 ? 2 : 1;
       const int32_t* w[2];
       for (int jj = 0; jj < num_q; ++jj) {
-        w[jj] = weights.data() + (static_cast<size_t>(j + jj) * num_groups + g) * num_pairs;
+        w[jj] = tile.weights + (static_cast<size_t>(j + jj) * num_groups + g) * num_pairs;
       }
       __m256i acc[8];
       const size_t offset = static_cast<size_t>(slice) * 32 * plan.bits / 8;
@@ -636,7 +608,8 @@ void MaddAccumulateTile(const VnniPlan& plan, const RowSet& values, size_t num_k
       }
       for (int jj = 0; jj < num_q; ++jj) {
         const size_t row = static_cast<size_t>(j + jj) * num_groups + g;
-        const __m256 scale = _mm256_set1_ps(w_scale[row]), min = _mm256_set1_ps(min_sum[row]);
+        const __m256 scale = _mm256_set1_ps(tile.w_scale[row]),
+                     min = _mm256_set1_ps(tile.min_sum[row]);
         float* st = state + (j + jj) * state_stride + 32 * slice;
         for (int k = 0; k < 4; ++k) {
           // A part's own sums: its cumulative sums less 2^bits times the next part's, but for

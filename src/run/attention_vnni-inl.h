@@ -104,6 +104,23 @@ struct VnniQuery {
   float group_sum[16];                       // the exact query summed over each key group
 };
 
+// A tile's int16 value weights, two keys per dword, [group][num_groups][num_pairs], with each head
+// and group's step and minima's sum, [group][num_groups] (VnniAccumulateTile and the AVX2
+// readers' MaddAccumulateTile): per-thread scratch that only grows.
+struct ValueWeights {
+  int32_t* weights;
+  float* w_scale;
+  float* min_sum;
+};
+inline ValueWeights ValueWeightsScratch(int group, int num_groups, size_t num_pairs) {
+  thread_local std::vector<int32_t> weights;
+  thread_local std::vector<float> w_scale, min_sum;
+  weights.resize(static_cast<size_t>(group) * num_groups * num_pairs);
+  w_scale.resize(static_cast<size_t>(group) * num_groups);
+  min_sum.resize(static_cast<size_t>(group) * num_groups);
+  return {weights.data(), w_scale.data(), min_sum.data()};
+}
+
 // The `group` query heads for KIVI keys, prepared once per task (KiviPrepareQueries) and folded
 // with each unit's scales by VnniPrepareKiviUnit.
 struct KiviQueries {
@@ -111,6 +128,48 @@ struct KiviQueries {
   std::vector<float> qhat;   // [group, head_dim] q per block of 32 times 127 / its largest |q|
   std::vector<float> qmax;   // [group, head_dim / 32] those largest, then 3 floats of padding
 };
+
+// The shape of an integer dot-product plan for one arena (keys or values), shared by the VNNI
+// readers and the AVX2 ones (attention_madd-inl.h): bits, groups, header and code layout and the
+// query block; ok where the readers' rules take it (head_dim a multiple of 32 up to
+// kVnniMaxHeadDim; integer groups of a multiple of 16 elements, at most 16 per row; int8 rows;
+// KIVI keys). The permute tables and value spans are the VNNI readers' own (PlanVnni).
+inline VnniPlan IntegerPlanShape(const SideSpec& side, size_t head_dim) {
+  VnniPlan plan;
+  if (head_dim % 32 != 0 || head_dim > kVnniMaxHeadDim) return plan;
+  plan.head_dim = head_dim;
+  switch (side.reader) {
+    case Reader::kInt8:
+      plan.bits = 8;
+      plan.group_elems = static_cast<int>(head_dim);
+      plan.code_offset = sizeof(uint16_t);
+      break;
+    case Reader::kInt4:
+    case Reader::kInt4S:
+    case Reader::kInt2: {
+      plan.bits = side.reader == Reader::kInt2 ? 2 : 4;
+      plan.group_elems = side.group_elems;
+      plan.num_groups = side.num_header_floats / 2;
+      plan.absmax = side.absmax_header;
+      if (plan.group_elems % 16 != 0 || plan.num_groups > 16 ||
+          static_cast<size_t>(plan.group_elems * plan.num_groups) != head_dim) {
+        return plan;
+      }
+      break;
+    }
+    case Reader::kKivi4:
+    case Reader::kKivi2:
+      plan.bits = side.reader == Reader::kKivi2 ? 2 : 4;
+      plan.group_elems = static_cast<int>(head_dim);
+      plan.kivi = true;
+      break;
+    default:
+      return plan;
+  }
+  plan.block_elems = plan.group_elems % 32 == 0 ? 32 : 16;
+  plan.ok = true;
+  return plan;
+}
 
 #if HWY_TARGET == HWY_AVX3
 
@@ -230,40 +289,9 @@ const VnniTables& VnniTablesFor(int bits) {
 
 // The plan for one arena's keys or values (values use the permute indexes, keys the blocks).
 VnniPlan PlanVnni(const SideSpec& side, size_t head_dim, size_t lanes) {
-  VnniPlan plan;
-  if (lanes != 16 || !CpuHasVnni() || head_dim % 32 != 0 || head_dim > kVnniMaxHeadDim) {
-    return plan;
-  }
-  plan.head_dim = head_dim;
-  switch (side.reader) {
-    case Reader::kInt8:
-      plan.bits = 8;
-      plan.group_elems = static_cast<int>(head_dim);
-      plan.code_offset = sizeof(uint16_t);
-      break;
-    case Reader::kInt4:
-    case Reader::kInt4S:
-    case Reader::kInt2: {
-      plan.bits = side.reader == Reader::kInt2 ? 2 : 4;
-      plan.group_elems = side.group_elems;
-      plan.num_groups = side.num_header_floats / 2;
-      plan.absmax = side.absmax_header;
-      if (plan.group_elems % 16 != 0 || plan.num_groups > 16 ||
-          static_cast<size_t>(plan.group_elems * plan.num_groups) != head_dim) {
-        return plan;
-      }
-      break;
-    }
-    case Reader::kKivi4:
-    case Reader::kKivi2:
-      plan.bits = side.reader == Reader::kKivi2 ? 2 : 4;
-      plan.group_elems = static_cast<int>(head_dim);
-      plan.kivi = true;
-      break;
-    default:
-      return plan;
-  }
-  plan.block_elems = plan.group_elems % 32 == 0 ? 32 : 16;
+  if (lanes != 16 || !CpuHasVnni()) return {};
+  VnniPlan plan = IntegerPlanShape(side, head_dim);
+  if (!plan.ok) return plan;
   const VnniTables& tables = VnniTablesFor(plan.bits);
   plan.index = tables.value_index;
   plan.query_index = tables.query_index;
@@ -277,7 +305,6 @@ VnniPlan PlanVnni(const SideSpec& side, size_t head_dim, size_t lanes) {
     plan.span_index = SpanIndexes();
     plan.span_slot = SpanSlots(plan.bits, plan.span_groups);
   }
-  plan.ok = true;
   return plan;
 }
 
@@ -1219,18 +1246,14 @@ KVS_VNNI_ATTR void VnniAccumulateTileBits(const VnniPlan& plan, const RowSet& va
   const size_t num_keys16 = (num_keys + 15) / 16 * 16;
   const size_t num_pairs = num_keys16 / 2;
   const int num_groups = plan.num_groups;
-  thread_local std::vector<int32_t> weights;
-  thread_local std::vector<float> w_scale, min_sum;
-  weights.resize(static_cast<size_t>(group) * num_groups * num_pairs);
-  w_scale.resize(static_cast<size_t>(group) * num_groups);
-  min_sum.resize(static_cast<size_t>(group) * num_groups);
-  QuantiseWeights(plan, values, num_keys16, p, p_stride, group, weights.data(), w_scale.data(),
-                  min_sum.data());
+  const ValueWeights tile = ValueWeightsScratch(group, num_groups, num_pairs);
+  QuantiseWeights(plan, values, num_keys16, p, p_stride, group, tile.weights, tile.w_scale,
+                  tile.min_sum);
   const size_t group_stride = num_pairs;
   if constexpr (kBits < 8) {
     if (plan.value_spans > 0) {
-      return AccumulateTileBySpans<kBits>(plan, values, num_pairs, weights.data(), w_scale.data(),
-                                          min_sum.data(), group, state, state_stride);
+      return AccumulateTileBySpans<kBits>(plan, values, num_pairs, tile.weights, tile.w_scale,
+                                          tile.min_sum, group, state, state_stride);
     }
   }
   // The sums, 4 blocks of 16 elements (2 where head_dim is not a multiple of 64) for up to 4
@@ -1247,7 +1270,7 @@ KVS_VNNI_ATTR void VnniAccumulateTileBits(const VnniPlan& plan, const RowSet& va
         for (int b = 0; b < step; ++b) {
           const int g = 16 * (m0 + b) / plan.group_elems;
           w[jj * step + b] =
-              weights.data() + (static_cast<size_t>(j + jj) * num_groups + g) * group_stride;
+              tile.weights + (static_cast<size_t>(j + jj) * num_groups + g) * group_stride;
         }
       }
       __m512i acc[16];
@@ -1271,8 +1294,8 @@ KVS_VNNI_ATTR void VnniAccumulateTileBits(const VnniPlan& plan, const RowSet& va
           const int g = 16 * m / plan.group_elems;
           float* st = state + head * state_stride + 16 * m;
           const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[jj * step + b]),
-                                           _mm512_set1_ps(w_scale[head * num_groups + g]),
-                                           _mm512_set1_ps(min_sum[head * num_groups + g]));
+                                           _mm512_set1_ps(tile.w_scale[head * num_groups + g]),
+                                           _mm512_set1_ps(tile.min_sum[head * num_groups + g]));
           _mm512_storeu_ps(st, _mm512_add_ps(_mm512_loadu_ps(st), v));
         }
       }
