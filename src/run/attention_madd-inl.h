@@ -67,6 +67,23 @@ HWY_INLINE float SumLanes(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
 }
 
+// The largest |x[e]| of x[0, n), n a multiple of 8.
+HWY_INLINE float MaxAbs8(const float* x, size_t n) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 max_abs = _mm256_setzero_ps();
+  for (size_t e = 0; e < n; e += 8) {
+    max_abs = _mm256_max_ps(max_abs, _mm256_and_ps(_mm256_loadu_ps(x + e), abs_mask));
+  }
+  return MaxLane(max_abs);
+}
+
+// x rounded to the nearest integer (the default rounding mode), clamped to [-127, 127].
+HWY_INLINE __m256i RoundToQueryCode(__m256 x) {
+  const __m256i limit = _mm256_set1_epi32(127);
+  return _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(x), limit),
+                          _mm256_sub_epi32(_mm256_setzero_si256(), limit));
+}
+
 // The plan for 4- and 2-bit integer-group keys and KIVI keys (not ok for anything else, or where
 // the dot product readers are switched off for a test). lanes: the float vector's.
 VnniPlan PlanMaddKeys(const SideSpec& side, size_t head_dim, size_t lanes) {
@@ -112,25 +129,16 @@ HWY_INLINE void StoreQueryColumns(const int32_t* codes, int head_dim, int parts,
 void MaddPrepareQueries(const VnniPlan& plan, const float* q, int group, VnniQuery* out) {
   const int head_dim = static_cast<int>(plan.head_dim);
   const int block = plan.block_elems, parts = 8 / plan.bits;
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  const __m256i limit = _mm256_set1_epi32(127);
   for (int j = 0; j < group; ++j) {
     const float* qj = q + static_cast<size_t>(j) * head_dim;
     VnniQuery& vq = out[j];
     alignas(32) int32_t codes[kVnniMaxHeadDim];
     for (int b0 = 0; b0 < head_dim; b0 += block) {
-      __m256 max_abs = _mm256_setzero_ps();
-      for (int e = b0; e < b0 + block; e += 8) {
-        max_abs = _mm256_max_ps(max_abs, _mm256_and_ps(_mm256_loadu_ps(qj + e), abs_mask));
-      }
-      const float m = MaxLane(max_abs);
+      const float m = MaxAbs8(qj + b0, block);
       const __m256 inv = _mm256_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
       for (int e = b0; e < b0 + block; e += 8) {
-        // Round to nearest (the default rounding mode), clamped to the int8 range.
-        const __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(qj + e), inv));
         _mm256_store_si256(reinterpret_cast<__m256i*>(codes + e),
-                           _mm256_max_epi32(_mm256_min_epi32(c, limit),
-                                            _mm256_sub_epi32(_mm256_setzero_si256(), limit)));
+                           RoundToQueryCode(_mm256_mul_ps(_mm256_loadu_ps(qj + e), inv)));
       }
       vq.block_scale[b0 / block] = m / 127.0f / 256.0f;
     }
@@ -313,16 +321,11 @@ void MaddScoreTileBits(const VnniPlan& plan, const RowSet& keys, const RowSet& v
 // q per block of 32 times 127 / its largest |q|, and those largest). Once per task.
 void MaddKiviPrepareQueries(const VnniPlan& plan, const float* q, int group, KiviQueries* out) {
   const size_t head_dim = plan.head_dim;
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   out->q = q;
   out->qhat.resize(group * head_dim);
   out->qmax.resize(group * head_dim / 32);
   for (size_t e = 0; e < group * head_dim; e += 32) {
-    __m256 max_abs = _mm256_setzero_ps();
-    for (size_t i = e; i < e + 32; i += 8) {
-      max_abs = _mm256_max_ps(max_abs, _mm256_and_ps(_mm256_loadu_ps(q + i), abs_mask));
-    }
-    const float m = MaxLane(max_abs);
+    const float m = MaxAbs8(q + e, 32);
     out->qmax[e / 32] = m;
     const __m256 inv = _mm256_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
     for (size_t i = e; i < e + 32; i += 8) {
@@ -338,7 +341,6 @@ void MaddPrepareKiviUnit(const VnniPlan& plan, const std::byte* unit, const Kivi
                          int group, VnniQuery* out, float* bias) {
   const int head_dim = static_cast<int>(plan.head_dim), parts = 8 / plan.bits;
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  const __m256i limit = _mm256_set1_epi32(127);
   __m256 ratio[kVnniMaxHeadDim / 8], min[kVnniMaxHeadDim / 8];
   float scale_max[kVnniMaxHeadDim / 32];
   for (int v = 0; v < head_dim / 8; ++v) {
@@ -361,10 +363,8 @@ void MaddPrepareKiviUnit(const VnniPlan& plan, const std::byte* unit, const Kivi
     alignas(32) int32_t codes[kVnniMaxHeadDim];
     for (int v = 0; v < head_dim / 8; ++v) {
       sum = _mm256_fmadd_ps(_mm256_loadu_ps(qj + 8 * v), min[v], sum);
-      const __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(qhat + 8 * v), ratio[v]));
       _mm256_store_si256(reinterpret_cast<__m256i*>(codes + 8 * v),
-                         _mm256_max_epi32(_mm256_min_epi32(c, limit),
-                                          _mm256_sub_epi32(_mm256_setzero_si256(), limit)));
+                         RoundToQueryCode(_mm256_mul_ps(_mm256_loadu_ps(qhat + 8 * v), ratio[v])));
     }
     bias[j] = SumLanes(sum);
     for (int b = 0; b < head_dim / 32; ++b) {
