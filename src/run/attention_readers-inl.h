@@ -60,6 +60,18 @@ float RowScale(const std::byte* row) {
   return LoadF16Scalar(row) * RowScaleFactor(kR);
 }
 
+// The factors of rows[0, num_rows) of a row-scaled reader (RowScale), num_rows rounded up to 4
+// (the rows are padded to whole 16s): scales[0, num_rows4).
+template <Reader kR>
+void LoadRowScalesOfTile(const std::byte* const* rows, size_t num_rows,
+                         float* HWY_RESTRICT scales) {
+  const hn::CappedTag<float, 4> d4;
+  for (size_t r = 0; r < num_rows; r += 4) {
+    hn::StoreU(hn::Mul(LoadRowScales(d4, rows + r), hn::Set(d4, RowScaleFactor(kR))), d4,
+               scales + r);
+  }
+}
+
 // Where the keys (or values) of one tile are: rows[i] is the data of tile key i in the reader's
 // format, hdrs[i] its header (integer groups and KIVI units). Padded to a multiple of 16 keys by
 // repeating the last key.
@@ -230,32 +242,34 @@ HWY_INLINE void LoadHeader(const RowSet& set, size_t key, float* HWY_RESTRICT hf
   }
 }
 
-// Scores of four key rows against kNumQ query heads: s[j * s_stride + key] = q_j . k_key.
+// Scores of kKeys (4, or 2 with an even kNumQ) key rows against kNumQ query heads:
+// s[j * s_stride + key] = q_j . k_key.
 //   q: [kNumQ, head_dim] (already scaled)
-template <int kNumQ, Reader kK, class D>
-HWY_INLINE void ScoreFourRows(D d, const RowSet& keys, size_t key0, const float* HWY_RESTRICT q,
-                              size_t head_dim, float* HWY_RESTRICT s, size_t s_stride) {
+template <int kNumQ, int kKeys, Reader kK, class D>
+HWY_INLINE void ScoreRows(D d, const RowSet& keys, size_t key0, const float* HWY_RESTRICT q,
+                          size_t head_dim, float* HWY_RESTRICT s, size_t s_stride) {
+  static_assert(kKeys == 4 || (kKeys == 2 && kNumQ % 2 == 0), "sums are taken four at a time");
   const size_t n = hn::Lanes(d);
-  float hf[4][kMaxHeaderFloats];
-  const std::byte* rows[4];
+  float hf[kKeys][kMaxHeaderFloats];
+  const std::byte* rows[kKeys];
   HWY_UNROLL(4)
-  for (int key = 0; key < 4; ++key) {
+  for (int key = 0; key < kKeys; ++key) {
     rows[key] = keys.rows[key0 + key];
     LoadHeader<kK>(keys, key0 + key, hf[key]);
   }
   constexpr bool kGroups = kK == Reader::kInt4 || kK == Reader::kInt2 || kK == Reader::kInt4S;
   // Loops over the (scale, min) groups, then their vectors: no division in the hot loop.
   const size_t group_elems = kGroups ? static_cast<size_t>(keys.group_elems) : head_dim;
-  hn::Vec<D> acc[kNumQ][4];
+  hn::Vec<D> acc[kNumQ][kKeys];
   HWY_UNROLL(8)
   for (int j = 0; j < kNumQ; ++j) {
     HWY_UNROLL(8)
-    for (int key = 0; key < 4; ++key) acc[j][key] = hn::Zero(d);
+    for (int key = 0; key < kKeys; ++key) acc[j][key] = hn::Zero(d);
   }
   for (size_t g0 = 0, g = 0; g0 < head_dim; g0 += group_elems, ++g) {
-    hn::Vec<D> scale[4], min[4];
+    hn::Vec<D> scale[kKeys], min[kKeys];
     HWY_UNROLL(4)
-    for (int key = 0; key < 4; ++key) {
+    for (int key = 0; key < kKeys; ++key) {
       scale[key] = kGroups ? hn::Set(d, hf[key][2 * g]) : hn::Zero(d);
       min[key] = kGroups ? hn::Set(d, hf[key][2 * g + 1]) : hn::Zero(d);
     }
@@ -263,14 +277,14 @@ HWY_INLINE void ScoreFourRows(D d, const RowSet& keys, size_t key0, const float*
       constexpr int kBits = ReaderBits(kK);
       constexpr int kParts = 8 / kBits;
       for (size_t b0 = g0; b0 < g0 + group_elems; b0 += kParts * n) {
-        hn::Vec<hn::Rebind<int32_t, D>> x[4];
+        hn::Vec<hn::Rebind<int32_t, D>> x[kKeys];
         HWY_UNROLL(4)
-        for (int key = 0; key < 4; ++key) x[key] = LoadSplitBlock<kBits>(d, rows[key], b0);
+        for (int key = 0; key < kKeys; ++key) x[key] = LoadSplitBlock<kBits>(d, rows[key], b0);
         HWY_UNROLL(4)
         for (int r = 0; r < kParts; ++r) {
-          hn::Vec<D> k[4];
+          hn::Vec<D> k[kKeys];
           HWY_UNROLL(4)
-          for (int key = 0; key < 4; ++key) {
+          for (int key = 0; key < kKeys; ++key) {
             k[key] = SplitPart<kBits>(d, x[key], r);
             if constexpr (kGroups) k[key] = hn::MulAdd(k[key], scale[key], min[key]);
           }
@@ -278,46 +292,60 @@ HWY_INLINE void ScoreFourRows(D d, const RowSet& keys, size_t key0, const float*
           for (int j = 0; j < kNumQ; ++j) {
             const auto qv = hn::LoadU(d, q + j * head_dim + b0 + r * n);
             HWY_UNROLL(8)
-            for (int key = 0; key < 4; ++key) acc[j][key] = hn::MulAdd(qv, k[key], acc[j][key]);
+            for (int key = 0; key < kKeys; ++key) acc[j][key] = hn::MulAdd(qv, k[key], acc[j][key]);
           }
         }
       }
     } else {
       for (size_t i = g0; i < g0 + group_elems; i += n) {
-        hn::Vec<D> k[4];
+        hn::Vec<D> k[kKeys];
         HWY_UNROLL(8)
-        for (int key = 0; key < 4; ++key) {
+        for (int key = 0; key < kKeys; ++key) {
           k[key] = LoadRow<kK>(d, rows[key], i, scale[key], min[key]);
         }
         HWY_UNROLL(8)
         for (int j = 0; j < kNumQ; ++j) {
           const auto qv = hn::LoadU(d, q + j * head_dim + i);
           HWY_UNROLL(8)
-          for (int key = 0; key < 4; ++key) acc[j][key] = hn::MulAdd(qv, k[key], acc[j][key]);
+          for (int key = 0; key < kKeys; ++key) acc[j][key] = hn::MulAdd(qv, k[key], acc[j][key]);
         }
       }
     }
   }
-  HWY_UNROLL(8)
-  for (int j = 0; j < kNumQ; ++j) {
-    SumOfLanes4(d, acc[j][0], acc[j][1], acc[j][2], acc[j][3], s + j * s_stride);
-  }
-  if constexpr (IsRowScaled(kK)) {
+  if constexpr (kKeys == 4) {
+    HWY_UNROLL(8)
+    for (int j = 0; j < kNumQ; ++j) {
+      SumOfLanes4(d, acc[j][0], acc[j][1], acc[j][2], acc[j][3], s + j * s_stride);
+    }
+  } else {  // two heads' pairs of keys per four sums
     HWY_UNROLL(4)
-    for (int key = 0; key < 4; ++key) {
-      const float scale = RowScale<kK>(rows[key]);
-      for (int j = 0; j < kNumQ; ++j) s[j * s_stride + key] *= scale;
+    for (int j = 0; j < kNumQ; j += 2) {
+      float sums[4];
+      SumOfLanes4(d, acc[j][0], acc[j][1], acc[j + 1][0], acc[j + 1][1], sums);
+      std::memcpy(s + j * s_stride, sums, 2 * sizeof(float));
+      std::memcpy(s + (j + 1) * s_stride, sums + 2, 2 * sizeof(float));
     }
   }
 }
 
-// Query heads per scoring step: the accumulators of 4 heads x 4 keys fit in the 32 vector
-// registers of AVX-512, and each key element is then converted once per 4 heads.
+// Scores of four key rows (ScoreRows) against kNumQ query heads, so that each key element is
+// converted once per kNumQ heads: the accumulators of 4 heads x 4 keys fit in the 32 vector
+// registers of AVX-512; with 16 (AVX2 and below) 4 heads take the keys in pairs. (Two heads
+// at a time there converted each key twice for a group of 4: FP8 E4M3 keys, ~7 operations per
+// 8 elements to convert, scored slower than BF16 on Zen 3.)
+template <int kNumQ, Reader kK, class D>
+HWY_INLINE void ScoreFourRows(D d, const RowSet& keys, size_t key0, const float* HWY_RESTRICT q,
+                              size_t head_dim, float* HWY_RESTRICT s, size_t s_stride) {
 #if HWY_TARGET <= HWY_AVX3
-constexpr int kScoreHeadStep = 4;
+  constexpr int kKeys = 4;
 #else
-constexpr int kScoreHeadStep = 2;
+  constexpr int kKeys = kNumQ == 4 ? 2 : 4;
 #endif
+  HWY_UNROLL(2)
+  for (int k = 0; k < 4; k += kKeys) {
+    ScoreRows<kNumQ, kKeys, kK>(d, keys, key0 + k, q, head_dim, s + k, s_stride);
+  }
+}
 
 // Walks the units [0, num_units) (vectors or chunks of a row) in slices of kMax units (1, 2, 4
 // or 8: as many as the accumulators in registers allow), then the rest in at most one slice
@@ -385,11 +413,32 @@ HWY_INLINE void PrefetchAhead(const RowSet& set, size_t key, size_t num_keys) {
   }
 }
 
-// Scores of a tile's keys for the `group` query heads of one kv head.
-//   q: [group, head_dim] (scaled); s: [group, s_stride]
+// Whether any of rows[0, num_rows) of an E4M3 reader holds a NaN code (0x7F or 0xFF): the
+// largest code magnitude, one AND and one MAX per vector of codes. Meant for rows in cache
+// (a scan that brought a tile from memory cost E4M3 its gain over BF16 end to end).
+bool AnyE4M3Nan(const RowSet& set, size_t num_rows, size_t head_dim) {
+  const hn::ScalableTag<uint8_t> du8;
+  const size_t n = hn::Lanes(du8);
+  const auto magnitude = hn::Set(du8, 0x7F);
+  auto largest = hn::Zero(du8);
+  uint8_t tail_largest = 0;
+  for (size_t r = 0; r < num_rows; ++r) {
+    const uint8_t* codes = reinterpret_cast<const uint8_t*>(set.rows[r] + sizeof(uint16_t));
+    size_t i = 0;
+    for (; i + n <= head_dim; i += n) {
+      largest = hn::Max(largest, hn::And(hn::LoadU(du8, codes + i), magnitude));
+    }
+    for (; i < head_dim; ++i) tail_largest = std::max<uint8_t>(tail_largest, codes[i] & 0x7F);
+  }
+  HWY_ALIGN uint8_t lanes[hn::MaxLanes(du8)];  // (this Highway has no 8-bit MaxOfLanes)
+  hn::Store(largest, du8, lanes);
+  return *std::max_element(lanes, lanes + n) == 0x7F || tail_largest == 0x7F;
+}
+
+// Scores of a tile's keys for the `group` query heads of one kv head (ScoreTile).
 template <Reader kK, class D>
-void ScoreTile(const RowSet& keys, const RowSet& values, size_t num_keys, const float* q, int group,
-               size_t head_dim, float* s, size_t s_stride) {
+void ScoreTileAs(const RowSet& keys, const RowSet& values, size_t num_keys, const float* q,
+                 int group, size_t head_dim, float* s, size_t s_stride) {
   const D d;
   const size_t n = hn::Lanes(d);
   const size_t num_keys4 = (num_keys + 3) / 4 * 4;
@@ -438,7 +487,7 @@ void ScoreTile(const RowSet& keys, const RowSet& values, size_t num_keys, const 
       for (size_t k4 = key; k4 < run_end; k4 += 4) {
         PrefetchAhead(keys, k4, num_keys);
         PrefetchAhead(values, k4, num_keys);
-        ForEachHeadStep<kScoreHeadStep>(group, [&](int j, auto num_q) {
+        ForEachHeadStep<4>(group, [&](int j, auto num_q) {
           ScoreFourRows<decltype(num_q)::value, kK>(d, keys, k4, qp + j * head_dim, head_dim,
                                                     s + j * s_stride + k4, s_stride);
         });
@@ -453,12 +502,33 @@ void ScoreTile(const RowSet& keys, const RowSet& values, size_t num_keys, const 
     for (size_t key = 0; key < num_keys4; key += 4) {
       PrefetchAhead(keys, key, num_keys);
       PrefetchAhead(values, key, num_keys);
-      ForEachHeadStep<kScoreHeadStep>(group, [&](int j, auto num_q) {
+      ForEachHeadStep<4>(group, [&](int j, auto num_q) {
         ScoreFourRows<decltype(num_q)::value, kK>(d, keys, key, q + j * head_dim, head_dim,
                                                   s + j * s_stride + key, s_stride);
       });
     }
+    if constexpr (IsRowScaled(kK)) {  // the rows were read as unscaled codes
+      float* scales = Scratch(kSlotHeaders, num_keys4);
+      LoadRowScalesOfTile<kK>(keys.rows, num_keys, scales);
+      for (int j = 0; j < group; ++j) {
+        for (size_t key = 0; key < num_keys; ++key) s[j * s_stride + key] *= scales[key];
+      }
+    }
   }
+}
+
+// Scores of a tile's keys for the `group` query heads of one kv head.
+//   q: [group, head_dim] (scaled); s: [group, s_stride]
+template <Reader kK, class D>
+void ScoreTile(const RowSet& keys, const RowSet& values, size_t num_keys, const float* q, int group,
+               size_t head_dim, float* s, size_t s_stride) {
+  if constexpr (kK == Reader::kFp8E4M3) {
+    // Scored as finite first, while the rows come from memory with the readers' prefetching,
+    // then checked from cache; a tile holding a NaN code is scored again.
+    ScoreTileAs<Reader::kFp8E4M3Finite, D>(keys, values, num_keys, q, group, head_dim, s, s_stride);
+    if (!AnyE4M3Nan(keys, num_keys, head_dim)) return;
+  }
+  ScoreTileAs<kK, D>(keys, values, num_keys, q, group, head_dim, s, s_stride);
 }
 
 // acc_j[i0, i0 + kVecs * Lanes(d)) += sum over keys of p[j * p_stride + key] * v_key, for
@@ -486,10 +556,8 @@ HWY_INLINE void AccumulateSlice(D d, const RowSet& values, size_t num_keys,
   }
   for (size_t key = 0; key < num_keys; ++key) {
     hn::Vec<D> w[kNumQ];
-    // int8 rows are read as raw codes: their scale joins the weight.
-    const float row_scale = IsRowScaled(kV) ? hf[key * kMaxHeaderFloats] : 1.0f;
     HWY_UNROLL(8)
-    for (int j = 0; j < kNumQ; ++j) w[j] = hn::Set(d, p[j * p_stride + key] * row_scale);
+    for (int j = 0; j < kNumQ; ++j) w[j] = hn::Set(d, p[j * p_stride + key]);
     const std::byte* row = values.rows[key];
     if constexpr (kV == Reader::kInt4S) {
       // kVecs is a multiple of the 2 parts of a block: a slice is whole blocks.
@@ -559,19 +627,36 @@ HWY_INLINE void AccumulateRows(D d, const RowSet& values, size_t num_keys,
 template <Reader kV, class D>
 void AccumulateTile(const RowSet& values, size_t num_keys, const float* p, size_t p_stride,
                     int group, size_t head_dim, float* state, size_t state_stride) {
+  if constexpr (kV == Reader::kFp8E4M3) {  // (the values came into cache while keys were scored)
+    if (!AnyE4M3Nan(values, num_keys, head_dim)) {
+      return AccumulateTile<Reader::kFp8E4M3Finite, D>(values, num_keys, p, p_stride, group,
+                                                       head_dim, state, state_stride);
+    }
+  }
   const D d;
   // Headers once per tile, not once per slice of dimensions.
   float* hf = nullptr;
-  if constexpr (IsRowScaled(kV) || kV == Reader::kInt4 || kV == Reader::kInt2 ||
-                kV == Reader::kInt4S) {
+  if constexpr (kV == Reader::kInt4 || kV == Reader::kInt2 || kV == Reader::kInt4S) {
     hf = Scratch(kSlotHeaders, num_keys * kMaxHeaderFloats);
     for (size_t key = 0; key < num_keys; ++key) {
-      if constexpr (IsRowScaled(kV)) {
-        hf[key * kMaxHeaderFloats] = RowScale<kV>(values.rows[key]);
-      } else {
-        LoadHeader<kV>(values, key, hf + key * kMaxHeaderFloats);
+      LoadHeader<kV>(values, key, hf + key * kMaxHeaderFloats);
+    }
+  }
+  if constexpr (IsRowScaled(kV)) {
+    // Row-scaled values are read as unscaled codes: each row's scale joins its weights, once
+    // per tile (per key and slice of dimensions, the multiply and broadcast cost FP8 and int8
+    // values a third of their time on AVX2).
+    const size_t num_keys4 = (num_keys + 3) / 4 * 4;
+    float* scaled = Scratch(kSlotHeaders, (group + 1) * num_keys4);  // [group + 1, num_keys4]
+    float* scales = scaled + group * num_keys4;
+    LoadRowScalesOfTile<kV>(values.rows, num_keys, scales);
+    for (int j = 0; j < group; ++j) {
+      for (size_t key = 0; key < num_keys; ++key) {
+        scaled[j * num_keys4 + key] = p[j * p_stride + key] * scales[key];
       }
     }
+    p = scaled;
+    p_stride = num_keys4;
   }
   ForEachHeadStep<4>(group, [&](int j, auto num_q) {
     AccumulateRows<decltype(num_q)::value, kV>(d, values, num_keys, p + j * p_stride, p_stride,

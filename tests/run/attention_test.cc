@@ -547,32 +547,36 @@ TEST(AttentionTest, Fp8E4M3KeysScoreEveryCodeExactlyOnEveryPath) {
   // zeros. A query of 2^-6 at element 0 gives the first token the score value(h) / 64, exact in
   // every reader (a power of two times a 4-bit value), so the output is its logistic function:
   // a code read as any other value shows there. The NaN codes (0x7F, 0xFF) score NaN, which makes
-  // their heads NaN, as in the reference.
-  Case c;
-  c.num_tokens = 2;
-  c.num_kv_heads = 256;
-  c.head_dim = 32;
-  c.k_codec = "fp8_e4m3";
-  c.v_codec = "f32";
-  const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim;
-  std::vector<float> k(2 * row, 0.0f), v(2 * row, 0.0f);
-  for (int h = 0; h < c.num_kv_heads; ++h) {
-    k[h * c.head_dim] = Fp8E4M3ToF32(static_cast<uint8_t>(h));
-    k[h * c.head_dim + 1] = 448.0f;
-    std::fill_n(v.begin() + h * c.head_dim, c.head_dim, 1.0f);
-  }
-  const TestCache cache = BuildCache(k, v, c, kPaged16);
-  for (int group : {1, 4}) {
-    c.group = group;
-    std::vector<float> q(row * group, 0.0f);
-    for (size_t head = 0; head < static_cast<size_t>(c.num_kv_heads) * group; ++head) {
-      q[head * c.head_dim] = 0x1p-6f;
+  // their heads NaN, as in the reference. Rows of whole vectors, of a vector and a rest, and
+  // shorter than a vector (the NaN check takes 32 codes at a time on AVX2).
+  for (int head_dim : {32, 40, 8}) {
+    Case c;
+    c.num_tokens = 2;
+    c.num_kv_heads = 256;
+    c.head_dim = head_dim;
+    c.k_codec = "fp8_e4m3";
+    c.v_codec = "f32";
+    const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim;
+    std::vector<float> k(2 * row, 0.0f), v(2 * row, 0.0f);
+    for (int h = 0; h < c.num_kv_heads; ++h) {
+      k[h * c.head_dim] = Fp8E4M3ToF32(static_cast<uint8_t>(h));
+      k[h * c.head_dim + 1] = 448.0f;
+      std::fill_n(v.begin() + h * c.head_dim, c.head_dim, 1.0f);
     }
-    const AttentionParams params{c.num_kv_heads * group, 1.0f};
-    ForEachFp8Path([&](const char* path) {
-      const std::string what = "group " + std::to_string(group) + ", " + path;
-      EXPECT_EQ(ExpectReferenceOnEveryTarget(cache, q, params, what), 2 * group * c.head_dim);
-    });
+    const TestCache cache = BuildCache(k, v, c, kPaged16);
+    for (int group : {1, 4}) {
+      c.group = group;
+      std::vector<float> q(row * group, 0.0f);
+      for (size_t head = 0; head < static_cast<size_t>(c.num_kv_heads) * group; ++head) {
+        q[head * c.head_dim] = 0x1p-6f;
+      }
+      const AttentionParams params{c.num_kv_heads * group, 1.0f};
+      ForEachFp8Path([&](const char* path) {
+        const std::string what = "head_dim " + std::to_string(head_dim) + ", group " +
+                                 std::to_string(group) + ", " + path;
+        EXPECT_EQ(ExpectReferenceOnEveryTarget(cache, q, params, what), 2 * group * c.head_dim);
+      });
+    }
   }
 }
 
