@@ -132,8 +132,9 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
   // Integer keys on CPUs with VNNI: the query quantised once per task (attention_vnni-inl.h).
   const VnniPlan vnni = PlanVnni(k_side, head_dim, nd);
   const VnniPlan vnni_values = PlanVnni(v_side, head_dim, nd);
-  // 4- and 2-bit and KIVI keys and 4- and 2-bit values on CPUs with AVX2 but not AVX-512: the
-  // same plans and queries, multiplied by vpmaddubsw and vpmaddwd (attention_madd-inl.h).
+  // int8, 4- and 2-bit and KIVI keys and int8, 4- and 2-bit values on CPUs with AVX2 but not
+  // AVX-512: the same plans (int8 keys: an int16 query), multiplied by vpmaddubsw and vpmaddwd
+  // (attention_madd-inl.h).
   const VnniPlan madd = vnni.ok ? VnniPlan{} : PlanMaddKeys(k_side, head_dim, nd);
   const VnniPlan madd_values = vnni_values.ok ? VnniPlan{} : PlanMaddValues(v_side, head_dim, nd);
   // int8 keys and values on CPUs with AMX, where it pays: by tile multiplies

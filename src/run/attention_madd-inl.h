@@ -19,8 +19,10 @@
 //
 // Values: int16 weights by vpmaddwd over pairs of keys (MaddAccumulateTile).
 //
-// Not taken here (the float readers read them): int8 rows, whose codes reach 255 once made
-// unsigned and would saturate vpmaddubsw (they would take vpmaddwd on sign-extended codes).
+// int8 rows: their codes would reach 255 once made unsigned and saturate vpmaddubsw, so keys are
+// read row by row as the float readers read them, sign-extended to words against the query in
+// int16 (one step per head: 16 bits against the codes' 8) by vpmaddwd, summed in i32
+// (MaddScoreTileInt8); values take the int16 weights as 4-bit ones do, on sign-extended codes.
 
 #include <algorithm>
 #include <array>
@@ -89,7 +91,6 @@ HWY_INLINE __m256i RoundToQueryCode(__m256 x) {
 VnniPlan PlanMaddKeys(const SideSpec& side, size_t head_dim, size_t lanes) {
   if (lanes != kMaddKeys || DotProductReadersDisabledForTest()) return {};
   VnniPlan plan = IntegerPlanShape(side, head_dim);
-  if (plan.bits == 8) plan.ok = false;  // (int8: see the file comment)
   return plan;
 }
 
@@ -128,6 +129,22 @@ HWY_INLINE void StoreQueryColumns(const int32_t* codes, int head_dim, int parts,
 // VnniPrepareQueries does (its hi bytes alone: keys of 4 and 2 bits).
 void MaddPrepareQueries(const VnniPlan& plan, const float* q, int group, VnniQuery* out) {
   const int head_dim = static_cast<int>(plan.head_dim);
+  if (plan.bits == 8) {  // int16 words, one step per head
+    for (int j = 0; j < group; ++j) {
+      const float* qj = q + static_cast<size_t>(j) * head_dim;
+      const float m = MaxAbs8(qj, head_dim);
+      const __m256 inv = _mm256_set1_ps(m > 0.0f ? 32767.0f / m : 0.0f);
+      for (int e = 0; e < head_dim; e += 16) {
+        const auto code = [&](int i) {  // within +-32767 (m is the largest |q|)
+          return _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(qj + e + i), inv));
+        };
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[j].words + e),
+                            _mm256_permute4x64_epi64(_mm256_packs_epi32(code(0), code(8)), 0xD8));
+      }
+      out[j].block_scale[0] = m / 32767.0f;
+    }
+    return;
+  }
   const int block = plan.block_elems, parts = 8 / plan.bits;
   for (int j = 0; j < group; ++j) {
     const float* qj = q + static_cast<size_t>(j) * head_dim;
@@ -221,9 +238,15 @@ HWY_INLINE __m256 SplitHalves(__m256i x, __m256* high) {
   return _mm256_cvtph_ps(_mm256_castsi256_si128(packed));
 }
 
-// The (scale, min) of every group of the 8 keys from key0, as vectors over the keys.
+// The (scale, min) of every group of the 8 keys from key0, as vectors over the keys (int8 rows:
+// their f16 scale, min 0).
 HWY_INLINE void LoadGroupScales8(const VnniPlan& plan, const RowSet& keys, size_t key0,
                                  __m256* scale, __m256* min) {
+  if (plan.bits == 8) {
+    scale[0] = LoadRowScales(hn::CappedTag<float, 8>(), keys.hdrs + key0).raw;
+    min[0] = _mm256_setzero_ps();
+    return;
+  }
   const int header_dwords = plan.absmax ? (plan.num_groups + 1) / 2 : plan.num_groups;
   __m256i cols[16];
   LoadColumns8(keys.hdrs + key0, 0, header_dwords, cols);
@@ -430,6 +453,80 @@ void MaddScoreTileKivi(const VnniPlan& plan, const RowSet& keys, const RowSet& v
   }
 }
 
+// The i32 lane sums of a, b, c, e, in that order.
+HWY_INLINE __m128i SumLanes4(__m256i a, __m256i b, __m256i c, __m256i e) {
+  // [a01 a23 b01 b23 | a45 a67 b45 b67], the same for c, e, then [a b c e | the upper lanes'].
+  const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, e));
+  return _mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+}
+
+// int8 keys: scores of kKeys rows from key0 against kNumQ query heads, in the query's steps
+// (the rows' scales are applied per tile). Per 16 elements each row's codes are sign-extended
+// to words once, and vpmaddwd multiplies them by each head's int16 query and adds pairs into
+// i32 lanes: at most head_dim / 16 * 2 * 128 * 32767 < 2^31 at head_dim 256.
+template <int kNumQ, int kKeys>
+HWY_INLINE void MaddScoreInt8Rows(const VnniPlan& plan, const RowSet& keys, size_t key0,
+                                  const VnniQuery* q, float* s, size_t s_stride) {
+  static_assert(kKeys == 4 || (kKeys == 2 && kNumQ % 2 == 0), "sums are taken four at a time");
+  __m256i acc[kNumQ][kKeys];
+  for (int j = 0; j < kNumQ; ++j) {
+    for (int key = 0; key < kKeys; ++key) acc[j][key] = _mm256_setzero_si256();
+  }
+  const std::byte* rows[kKeys];
+  for (int key = 0; key < kKeys; ++key) rows[key] = keys.rows[key0 + key] + plan.code_offset;
+  for (size_t e = 0; e < plan.head_dim; e += 16) {
+    __m256i k[kKeys];
+    for (int key = 0; key < kKeys; ++key) {
+      k[key] =
+          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[key] + e)));
+    }
+    for (int j = 0; j < kNumQ; ++j) {
+      const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[j].words + e));
+      for (int key = 0; key < kKeys; ++key) {
+        acc[j][key] = _mm256_add_epi32(acc[j][key], _mm256_madd_epi16(k[key], qv));
+      }
+    }
+  }
+  if constexpr (kKeys == 4) {
+    for (int j = 0; j < kNumQ; ++j) {
+      const __m128 sums = _mm_cvtepi32_ps(SumLanes4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]));
+      _mm_storeu_ps(s + j * s_stride, _mm_mul_ps(sums, _mm_set1_ps(q[j].block_scale[0])));
+    }
+  } else {  // two heads' pairs of keys per four sums
+    for (int j = 0; j < kNumQ; j += 2) {
+      const __m128 sums =
+          _mm_cvtepi32_ps(SumLanes4(acc[j][0], acc[j][1], acc[j + 1][0], acc[j + 1][1]));
+      alignas(16) float scaled[4];
+      _mm_store_ps(scaled,
+                   _mm_mul_ps(sums, _mm_setr_ps(q[j].block_scale[0], q[j].block_scale[0],
+                                                q[j + 1].block_scale[0], q[j + 1].block_scale[0])));
+      std::memcpy(s + j * s_stride, scaled, 2 * sizeof(float));
+      std::memcpy(s + (j + 1) * s_stride, scaled + 2, 2 * sizeof(float));
+    }
+  }
+}
+
+void MaddScoreTileInt8(const VnniPlan& plan, const RowSet& keys, const RowSet& values,
+                       size_t num_keys, const VnniQuery* q, int group, float* s, size_t s_stride) {
+  for (size_t key0 = 0; key0 < num_keys; key0 += 4) {
+    PrefetchAhead(keys, key0, num_keys);
+    PrefetchAhead(values, key0, num_keys);
+    float* out = s + key0;
+    int j = 0;
+    for (; j + 4 <= group; j += 4) {  // 4 heads x 2 keys: 8 accumulators of the 16 registers
+      MaddScoreInt8Rows<4, 2>(plan, keys, key0, q + j, out + j * s_stride, s_stride);
+      MaddScoreInt8Rows<4, 2>(plan, keys, key0 + 2, q + j, out + j * s_stride + 2, s_stride);
+    }
+    for (; j + 2 <= group; j += 2) {
+      MaddScoreInt8Rows<2, 4>(plan, keys, key0, q + j, out + j * s_stride, s_stride);
+    }
+    for (; j < group; ++j) {
+      MaddScoreInt8Rows<1, 4>(plan, keys, key0, q + j, out + j * s_stride, s_stride);
+    }
+  }
+  ScaleScoresByRows<Reader::kInt8>(keys, num_keys, group, s, s_stride);
+}
+
 // Scores of a tile's keys (rows padded to a multiple of 16) for the `group` query heads:
 // s: [group, s_stride], as ScoreTile; q from MaddPrepareQueries.
 void MaddScoreTile(const VnniPlan& plan, const RowSet& keys, const RowSet& values, size_t num_keys,
@@ -440,6 +537,7 @@ void MaddScoreTile(const VnniPlan& plan, const RowSet& keys, const RowSet& value
                ? MaddScoreTileKivi<4>(plan, keys, values, num_keys, kivi, group, s, s_stride)
                : MaddScoreTileKivi<2>(plan, keys, values, num_keys, kivi, group, s, s_stride);
   }
+  if (plan.bits == 8) return MaddScoreTileInt8(plan, keys, values, num_keys, q, group, s, s_stride);
   const bool block32 = plan.block_elems == 32;
   if (plan.bits == 4) {
     return block32 ? MaddScoreTileBits<4, 32>(plan, keys, values, num_keys, q, group, s, s_stride)
@@ -464,16 +562,18 @@ void MaddScoreTile(const VnniPlan& plan, const RowSet& keys, const RowSet& value
 
 // The element that state slot `slot` of a value row of `bits` holds: slot 32 s + 8 k + l is, at
 // 4 bits, part k % 2 (the low or high nibble) of byte 4 (k / 2) + (l < 4 ? l : l + 4) of slice
-// s (16 bytes); at 2 bits, part k of byte l of slice s (8 bytes).
+// s (16 bytes); at 2 bits, part k of byte l of slice s (8 bytes); at 8 bits, byte
+// 16 (k / 2) + 4 (k % 2) + (l < 4 ? l : l + 4) of slice s (32 bytes).
 constexpr int MaddValueElement(int slot, int bits) {
   const int slice = slot / 32, k = slot % 32 / 8, l = slot % 8;
+  if (bits == 8) return 32 * slice + 16 * (k / 2) + 4 * (k % 2) + (l < 4 ? l : l + 4);
   if (bits == 2) return 4 * (8 * slice + l) + k;
   const int byte = 16 * slice + 4 * (k / 2) + (l < 4 ? l : l + 4);
   return 2 * byte + k % 2;
 }
 
-// The plan for 4- and 2-bit integer-group values (not ok for anything else, or where the dot
-// product readers are switched off for a test). lanes: the float vector's.
+// The plan for int8 and 4- and 2-bit integer-group values (not ok for anything else, or where
+// the dot product readers are switched off for a test). lanes: the float vector's.
 VnniPlan PlanMaddValues(const SideSpec& side, size_t head_dim, size_t lanes) {
   VnniPlan plan = PlanMaddKeys(side, head_dim, lanes);
   if (plan.kivi || plan.group_elems % 32 != 0) plan.ok = false;  // a slice within one group
@@ -541,6 +641,7 @@ void MaddQuantiseWeights(const VnniPlan& plan, const RowSet& values, size_t num_
 // the parts before part k within its byte (4 bits: k % 2 parts; 2 bits: k), which are the parts'
 // cumulative values, from which MaddAccumulateTile takes each part's own sums. (No masks: four
 // ANDs fewer per pair, and the mask's register. At most 256 keys: 32767 * 255 * 256 < 2^31.)
+// int8: the 32 codes sign-extended, bytes 0-3 | 8-11, 4-7 | 12-15, then the same from byte 16.
 // weights[j]: head j's pairs for the slice's group.
 template <int kBits, int kNumQ>
 HWY_INLINE void MaddAccumulateSlice(const RowSet& values, size_t num_pairs, size_t offset,
@@ -548,6 +649,25 @@ HWY_INLINE void MaddAccumulateSlice(const RowSet& values, size_t num_pairs, size
   static_assert(32767LL * 255 * kDecodeTile <= INT32_MAX, "the i32 sums of a tile overflow");
   for (int i = 0; i < 4 * kNumQ; ++i) acc[i] = _mm256_setzero_si256();
   for (size_t u = 0; u < num_pairs; ++u) {
+    __m256i w[kNumQ];
+    for (int j = 0; j < kNumQ; ++j) w[j] = _mm256_set1_epi32(weights[j][u]);
+    if constexpr (kBits == 8) {
+      const auto load = [&](size_t key, int half) {
+        return _mm256_cvtepi8_epi16(_mm_loadu_si128(
+            reinterpret_cast<const __m128i*>(values.rows[key] + offset + 16 * half)));
+      };
+      for (int half = 0; half < 2; ++half) {
+        const __m256i a = load(2 * u, half), b = load(2 * u + 1, half);
+        const __m256i pairs[2] = {_mm256_unpacklo_epi16(a, b), _mm256_unpackhi_epi16(a, b)};
+        for (int k = 2 * half; k < 2 * half + 2; ++k) {
+          for (int j = 0; j < kNumQ; ++j) {
+            acc[j * 4 + k] =
+                _mm256_add_epi32(acc[j * 4 + k], _mm256_madd_epi16(pairs[k % 2], w[j]));
+          }
+        }
+      }
+      continue;
+    }
     __m256i lo, hi;  // (key 2u, key 2u + 1) word pairs: 4 bits, bytes 0-3 | 8-11, 4-7 | 12-15
     if constexpr (kBits == 4) {
       const auto load = [&](size_t key) {
@@ -563,8 +683,6 @@ HWY_INLINE void MaddAccumulateSlice(const RowSet& values, size_t num_pairs, size
       };
       lo = hi = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(load(2 * u), load(2 * u + 1)));
     }
-    __m256i w[kNumQ];
-    for (int j = 0; j < kNumQ; ++j) w[j] = _mm256_set1_epi32(weights[j][u]);
     for (int k = 0; k < 4; ++k) {
       const __m256i pair = kBits == 2 || k < 2 ? lo : hi;
       const int shift = kBits == 4 ? 4 * (k % 2) : 2 * k;
@@ -598,8 +716,11 @@ void MaddAccumulateTile(const VnniPlan& plan, const RowSet& values, size_t num_k
         w[jj] = tile.weights + (static_cast<size_t>(j + jj) * num_groups + g) * num_pairs;
       }
       __m256i acc[8];
-      const size_t offset = static_cast<size_t>(slice) * 32 * plan.bits / 8;
-      if (plan.bits == 4) {
+      const size_t offset = plan.code_offset + static_cast<size_t>(slice) * 32 * plan.bits / 8;
+      if (plan.bits == 8) {
+        num_q == 2 ? MaddAccumulateSlice<8, 2>(values, num_pairs, offset, w, acc)
+                   : MaddAccumulateSlice<8, 1>(values, num_pairs, offset, w, acc);
+      } else if (plan.bits == 4) {
         num_q == 2 ? MaddAccumulateSlice<4, 2>(values, num_pairs, offset, w, acc)
                    : MaddAccumulateSlice<4, 1>(values, num_pairs, offset, w, acc);
       } else {
@@ -614,7 +735,7 @@ void MaddAccumulateTile(const VnniPlan& plan, const RowSet& values, size_t num_k
         for (int k = 0; k < 4; ++k) {
           // A part's own sums: its cumulative sums less 2^bits times the next part's, but for
           // the byte's last part.
-          const bool last = plan.bits == 4 ? k % 2 == 1 : k == 3;
+          const bool last = plan.bits == 8 || (plan.bits == 4 ? k % 2 == 1 : k == 3);
           const __m256i sums =
               last ? acc[jj * 4 + k]
                    : _mm256_sub_epi32(

@@ -84,6 +84,18 @@ struct RowSet {
   bool absmax_header = false;  // header holds one f16 d per group: (scale, min) = (d, -8 d)
 };
 
+// Scores of keys read as unscaled codes (row-scaled readers, IsRowScaled) times each key
+// row's factor, once per tile: s[j * s_stride + key] for key < num_keys, j < group.
+template <Reader kR>
+void ScaleScoresByRows(const RowSet& keys, size_t num_keys, int group, float* HWY_RESTRICT s,
+                       size_t s_stride) {
+  float* scales = Scratch(kSlotHeaders, (num_keys + 3) / 4 * 4);
+  LoadRowScalesOfTile<kR>(keys.rows, num_keys, scales);
+  for (int j = 0; j < group; ++j) {
+    for (size_t key = 0; key < num_keys; ++key) s[j * s_stride + key] *= scales[key];
+  }
+}
+
 // How a tile's keys or values are found and read.
 enum class FillKind {
   kDirect,   // T = 1 rows read in place (floats, int8, per-token integer groups)
@@ -328,11 +340,22 @@ HWY_INLINE void ScoreRows(D d, const RowSet& keys, size_t key0, const float* HWY
   }
 }
 
-// Scores of four key rows (ScoreRows) against kNumQ query heads, so that each key element is
-// converted once per kNumQ heads: the accumulators of 4 heads x 4 keys fit in the 32 vector
-// registers of AVX-512; with 16 (AVX2 and below) 4 heads take the keys in pairs. (Two heads
-// at a time there converted each key twice for a group of 4: FP8 E4M3 keys, ~7 operations per
-// 8 elements to convert, scored slower than BF16 on Zen 3.)
+// Query heads per scoring step of reader kR, so that each key element is converted once per
+// step: 4 with AVX-512, whose 32 registers hold the accumulators of 4 heads x 4 keys. With 16
+// (AVX2 and below) 4 heads take the keys in pairs (ScoreFourRows), which pays where converting
+// a key costs (FP8 E4M3, ~7 operations per 8 elements, scored slower than BF16 on Zen 3 at 2
+// heads per step); F16 and BF16 keys, a shift or one conversion, keep 2 heads x 4 keys: their
+// pairs were 7-20 % slower on Zen 3 (OneThreadB/.../1024).
+template <Reader kR>
+constexpr int ScoreHeadStep() {
+#if HWY_TARGET <= HWY_AVX3
+  return 4;
+#else
+  return IsFloatReader(kR) ? 2 : 4;
+#endif
+}
+
+// Scores of four key rows (ScoreRows) against kNumQ query heads (ScoreHeadStep).
 template <int kNumQ, Reader kK, class D>
 HWY_INLINE void ScoreFourRows(D d, const RowSet& keys, size_t key0, const float* HWY_RESTRICT q,
                               size_t head_dim, float* HWY_RESTRICT s, size_t s_stride) {
@@ -487,7 +510,7 @@ void ScoreTileAs(const RowSet& keys, const RowSet& values, size_t num_keys, cons
       for (size_t k4 = key; k4 < run_end; k4 += 4) {
         PrefetchAhead(keys, k4, num_keys);
         PrefetchAhead(values, k4, num_keys);
-        ForEachHeadStep<4>(group, [&](int j, auto num_q) {
+        ForEachHeadStep<ScoreHeadStep<kK>()>(group, [&](int j, auto num_q) {
           ScoreFourRows<decltype(num_q)::value, kK>(d, keys, k4, qp + j * head_dim, head_dim,
                                                     s + j * s_stride + k4, s_stride);
         });
@@ -502,18 +525,12 @@ void ScoreTileAs(const RowSet& keys, const RowSet& values, size_t num_keys, cons
     for (size_t key = 0; key < num_keys4; key += 4) {
       PrefetchAhead(keys, key, num_keys);
       PrefetchAhead(values, key, num_keys);
-      ForEachHeadStep<4>(group, [&](int j, auto num_q) {
+      ForEachHeadStep<ScoreHeadStep<kK>()>(group, [&](int j, auto num_q) {
         ScoreFourRows<decltype(num_q)::value, kK>(d, keys, key, q + j * head_dim, head_dim,
                                                   s + j * s_stride + key, s_stride);
       });
     }
-    if constexpr (IsRowScaled(kK)) {  // the rows were read as unscaled codes
-      float* scales = Scratch(kSlotHeaders, num_keys4);
-      LoadRowScalesOfTile<kK>(keys.rows, num_keys, scales);
-      for (int j = 0; j < group; ++j) {
-        for (size_t key = 0; key < num_keys; ++key) s[j * s_stride + key] *= scales[key];
-      }
-    }
+    if constexpr (IsRowScaled(kK)) ScaleScoresByRows<kK>(keys, num_keys, group, s, s_stride);
   }
 }
 

@@ -102,6 +102,8 @@ struct VnniQuery {
   float block_scale[kVnniMaxHeadDim / 16];   // per block: sq / 256
   int32_t correction[kVnniMaxHeadDim / 16];  // int8 keys: 128 * sum(256 hi + lo) per block
   float group_sum[16];                       // the exact query summed over each key group
+  // int8 keys on AVX2 (MaddPrepareQueries): the row as int16, step block_scale[0].
+  int16_t words[kVnniMaxHeadDim];
 };
 
 // A tile's int16 value weights, two keys per dword, [group][num_groups][num_pairs], with each head

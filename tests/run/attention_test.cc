@@ -580,6 +580,34 @@ TEST(AttentionTest, Fp8E4M3KeysScoreEveryCodeExactlyOnEveryPath) {
   }
 }
 
+TEST(AttentionTest, Int8KeysScoreExactlyAgainstAQueryOfOneMagnitude) {
+  // Query elements of one magnitude (+-1) are exact in every int8 key reader's quantised query
+  // (the AVX2 reader's int16 words are +-32767 times one step per head, the VNNI and AMX readers'
+  // hi bytes +-127), so the scores are exact to float rounding and the output must match the
+  // reference to 1e-6: a step off by one part in 32767 fails here (the random tests' tolerance
+  // lets it through). Several tiles; steps of 4, 2 and 1 query heads; head_dim of 1 to 8 blocks.
+  for (int head_dim : {32, 128, 256}) {
+    for (int group : {1, 2, 4, 7}) {
+      const Case c{.num_tokens = 600,
+                   .num_kv_heads = 2,
+                   .group = group,
+                   .head_dim = head_dim,
+                   .k_codec = "int8",
+                   .v_codec = "f32"};
+      const size_t row = static_cast<size_t>(c.num_kv_heads) * head_dim;
+      const std::vector<float> k = RandomVector(c.num_tokens * row, 1.0f, 1);
+      const std::vector<float> v = RandomVector(c.num_tokens * row, 1.0f, 2);
+      const TestCache cache = BuildCache(k, v, c, kPaged16);
+      std::vector<float> q(row * group);
+      for (size_t i = 0; i < q.size(); ++i) q[i] = i % 3 == 0 ? -1.0f : 1.0f;
+      const AttentionParams params{c.num_kv_heads * group, 0.25f};
+      const std::string what =
+          "head_dim " + std::to_string(head_dim) + " group " + std::to_string(group);
+      EXPECT_EQ(ExpectReferenceOnEveryTarget(cache, q, params, what), 0);
+    }
+  }
+}
+
 TEST(AttentionTest, KiviKeysOnTheirGridScoreExactly) {
   // KIVI keys whose channels in block b (32 channels) each span the codes 0 .. 2^bits - 1 times
   // d_b = 2^-b over every unit, so that every channel stores scale d_b and min 0, against query
