@@ -550,12 +550,11 @@ TEST(AttentionTest, Fp8E4M3KeysScoreEveryCodeExactlyOnEveryPath) {
   // their heads NaN, as in the reference. Rows of whole vectors, of a vector and a rest, and
   // shorter than a vector (the NaN check takes 32 codes at a time on AVX2).
   for (int head_dim : {32, 40, 8}) {
-    Case c;
-    c.num_tokens = 2;
-    c.num_kv_heads = 256;
-    c.head_dim = head_dim;
-    c.k_codec = "fp8_e4m3";
-    c.v_codec = "f32";
+    Case c{.num_tokens = 2,
+           .num_kv_heads = 256,
+           .head_dim = head_dim,
+           .k_codec = "fp8_e4m3",
+           .v_codec = "f32"};
     const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim;
     std::vector<float> k(2 * row, 0.0f), v(2 * row, 0.0f);
     for (int h = 0; h < c.num_kv_heads; ++h) {
