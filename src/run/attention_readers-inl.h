@@ -661,8 +661,8 @@ void AccumulateTile(const RowSet& values, size_t num_keys, const float* p, size_
   }
   if constexpr (IsRowScaled(kV)) {
     // Row-scaled values are read as unscaled codes: each row's scale joins its weights, once
-    // per tile (per key and slice of dimensions, the multiply and broadcast cost FP8 and int8
-    // values a third of their time on AVX2).
+    // per tile (per key and slice of dimensions, that multiply and its broadcast were the
+    // hottest instructions of the FP8 value loop on Zen 3).
     const size_t num_keys4 = (num_keys + 3) / 4 * 4;
     float* scaled = Scratch(kSlotHeaders, (group + 1) * num_keys4);  // [group + 1, num_keys4]
     float* scales = scaled + group * num_keys4;
