@@ -346,24 +346,22 @@ HWY_INLINE void ScoreRows(D d, const RowSet& keys, size_t key0, const float* HWY
 // a key costs (FP8 E4M3, ~7 operations per 8 elements, scored slower than BF16 on Zen 3 at 2
 // heads per step); F16 and BF16 keys, a shift or one conversion, keep 2 heads x 4 keys: their
 // pairs were 7-20 % slower on Zen 3 (OneThreadB/.../1024).
+#if HWY_TARGET <= HWY_AVX3
+constexpr int kVectorRegisters = 32;
+#else
+constexpr int kVectorRegisters = 16;
+#endif
 template <Reader kR>
 constexpr int ScoreHeadStep() {
-#if HWY_TARGET <= HWY_AVX3
-  return 4;
-#else
-  return IsFloatReader(kR) ? 2 : 4;
-#endif
+  return kVectorRegisters == 32 || !IsFloatReader(kR) ? 4 : 2;
 }
 
 // Scores of four key rows (ScoreRows) against kNumQ query heads (ScoreHeadStep).
 template <int kNumQ, Reader kK, class D>
 HWY_INLINE void ScoreFourRows(D d, const RowSet& keys, size_t key0, const float* HWY_RESTRICT q,
                               size_t head_dim, float* HWY_RESTRICT s, size_t s_stride) {
-#if HWY_TARGET <= HWY_AVX3
-  constexpr int kKeys = 4;
-#else
-  constexpr int kKeys = kNumQ == 4 ? 2 : 4;
-#endif
+  // Accumulators in at most half the registers: 4 keys, or pairs.
+  constexpr int kKeys = kNumQ * 4 <= kVectorRegisters / 2 ? 4 : 2;
   HWY_UNROLL(2)
   for (int k = 0; k < 4; k += kKeys) {
     ScoreRows<kNumQ, kKeys, kK>(d, keys, key0 + k, q, head_dim, s + k, s_stride);
