@@ -279,32 +279,33 @@ HWY_INLINE void MaddScoreColumns(const VnniPlan& plan, const __m256i* cols, cons
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 total[kNumQ];
   for (int j = 0; j < kNumQ; ++j) total[j] = _mm256_setzero_ps();
-  for (int b = 0; b < num_blocks; ++b) {
-    const int g = b / blocks_per_group;
-    __m256i sums[kNumQ];  // s16: at most 8 products of pairs, below 2^15 (file comment)
-    for (int j = 0; j < kNumQ; ++j) sums[j] = _mm256_setzero_si256();
+  // Groups, then their blocks: no division per block.
+  for (int g = 0, b = 0; b < num_blocks; ++g) {
+    // hi alone: its step is 256 block_scale.
+    const __m256 scale256 = _mm256_mul_ps(scale[g], _mm256_set1_ps(256.0f));
+    for (const int group_end = b + blocks_per_group; b < group_end; ++b) {
+      __m256i sums[kNumQ];  // s16: at most 8 products of pairs, below 2^15 (file comment)
+      for (int j = 0; j < kNumQ; ++j) sums[j] = _mm256_setzero_si256();
 #pragma GCC unroll 4
-    for (int c = b * kColsPerBlock; c < (b + 1) * kColsPerBlock; ++c) {
+      for (int c = b * kColsPerBlock; c < (b + 1) * kColsPerBlock; ++c) {
 #pragma GCC unroll 4
-      for (int r = 0; r < kParts; ++r) {
-        const __m256i u =
-            _mm256_and_si256(r == 0 ? cols[c] : _mm256_srli_epi32(cols[c], r * kBits), mask);
-        for (int j = 0; j < kNumQ; ++j) {
-          const __m256i query = _mm256_set1_epi32(q[j].hi[c * kParts + r]);
-          sums[j] = _mm256_add_epi16(sums[j], _mm256_maddubs_epi16(u, query));
+        for (int r = 0; r < kParts; ++r) {
+          const __m256i u =
+              _mm256_and_si256(r == 0 ? cols[c] : _mm256_srli_epi32(cols[c], r * kBits), mask);
+          for (int j = 0; j < kNumQ; ++j) {
+            const __m256i query = _mm256_set1_epi32(q[j].hi[c * kParts + r]);
+            sums[j] = _mm256_add_epi16(sums[j], _mm256_maddubs_epi16(u, query));
+          }
         }
       }
-    }
-    for (int j = 0; j < kNumQ; ++j) {
-      // hi alone: its step is 256 block_scale.
-      const __m256 step = _mm256_set1_ps(256.0f * q[j].block_scale[b]);
-      total[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(sums[j], ones)),
-                                 _mm256_mul_ps(scale[g], step), total[j]);
-    }
-    if ((b + 1) % blocks_per_group == 0) {  // the group's minimum term
       for (int j = 0; j < kNumQ; ++j) {
-        total[j] = _mm256_fmadd_ps(min[g], _mm256_set1_ps(q[j].group_sum[g]), total[j]);
+        total[j] = _mm256_fmadd_ps(
+            _mm256_cvtepi32_ps(_mm256_madd_epi16(sums[j], ones)),
+            _mm256_mul_ps(scale256, _mm256_broadcast_ss(&q[j].block_scale[b])), total[j]);
       }
+    }
+    for (int j = 0; j < kNumQ; ++j) {  // the group's minimum term
+      total[j] = _mm256_fmadd_ps(min[g], _mm256_broadcast_ss(&q[j].group_sum[g]), total[j]);
     }
   }
   for (int j = 0; j < kNumQ; ++j) _mm256_storeu_ps(s + j * s_stride, total[j]);
@@ -647,7 +648,8 @@ template <int kBits, int kNumQ>
 HWY_INLINE void MaddAccumulateSlice(const RowSet& values, size_t num_pairs, size_t offset,
                                     const int32_t* const* weights, __m256i* acc) {
   static_assert(32767LL * 255 * kDecodeTile <= INT32_MAX, "the i32 sums of a tile overflow");
-  for (int i = 0; i < 4 * kNumQ; ++i) acc[i] = _mm256_setzero_si256();
+  __m256i sums[4 * kNumQ];  // local, so that they stay in registers through the loop
+  for (int i = 0; i < 4 * kNumQ; ++i) sums[i] = _mm256_setzero_si256();
   for (size_t u = 0; u < num_pairs; ++u) {
     __m256i w[kNumQ];
     for (int j = 0; j < kNumQ; ++j) w[j] = _mm256_set1_epi32(weights[j][u]);
@@ -661,8 +663,8 @@ HWY_INLINE void MaddAccumulateSlice(const RowSet& values, size_t num_pairs, size
         const __m256i pairs[2] = {_mm256_unpacklo_epi16(a, b), _mm256_unpackhi_epi16(a, b)};
         for (int k = 2 * half; k < 2 * half + 2; ++k) {
           for (int j = 0; j < kNumQ; ++j) {
-            acc[j * 4 + k] =
-                _mm256_add_epi32(acc[j * 4 + k], _mm256_madd_epi16(pairs[k % 2], w[j]));
+            sums[j * 4 + k] =
+                _mm256_add_epi32(sums[j * 4 + k], _mm256_madd_epi16(pairs[k % 2], w[j]));
           }
         }
       }
@@ -688,10 +690,11 @@ HWY_INLINE void MaddAccumulateSlice(const RowSet& values, size_t num_pairs, size
       const int shift = kBits == 4 ? 4 * (k % 2) : 2 * k;
       const __m256i x = shift == 0 ? pair : _mm256_srli_epi16(pair, shift);
       for (int j = 0; j < kNumQ; ++j) {
-        acc[j * 4 + k] = _mm256_add_epi32(acc[j * 4 + k], _mm256_madd_epi16(x, w[j]));
+        sums[j * 4 + k] = _mm256_add_epi32(sums[j * 4 + k], _mm256_madd_epi16(x, w[j]));
       }
     }
   }
+  for (int i = 0; i < 4 * kNumQ; ++i) acc[i] = sums[i];
 }
 
 // Weighted sum of a tile's values (rows padded to a multiple of 16) into the running states of
