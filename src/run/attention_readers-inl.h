@@ -286,18 +286,17 @@ HWY_INLINE void ScoreRows(D d, const RowSet& keys, size_t key0, const float* HWY
       min[key] = kGroups ? hn::Set(d, hf[key][2 * g + 1]) : hn::Zero(d);
     }
     if constexpr (IsSplitReader(kK)) {
-      constexpr int kBits = ReaderBits(kK);
-      constexpr int kParts = 8 / kBits;
+      constexpr int kParts = SplitParts(kK);
       for (size_t b0 = g0; b0 < g0 + group_elems; b0 += kParts * n) {
         hn::Vec<hn::Rebind<int32_t, D>> x[kKeys];
         HWY_UNROLL(4)
-        for (int key = 0; key < kKeys; ++key) x[key] = LoadSplitBlock<kBits>(d, rows[key], b0);
+        for (int key = 0; key < kKeys; ++key) x[key] = LoadSplit<kK>(d, rows[key], b0);
         HWY_UNROLL(4)
         for (int r = 0; r < kParts; ++r) {
           hn::Vec<D> k[kKeys];
           HWY_UNROLL(4)
           for (int key = 0; key < kKeys; ++key) {
-            k[key] = SplitPart<kBits>(d, x[key], r);
+            k[key] = SplitPartOf<kK>(d, x[key], r);
             if constexpr (kGroups) k[key] = hn::MulAdd(k[key], scale[key], min[key]);
           }
           HWY_UNROLL(8)
@@ -344,8 +343,10 @@ HWY_INLINE void ScoreRows(D d, const RowSet& keys, size_t key0, const float* HWY
 // step: 4 with AVX-512, whose 32 registers hold the accumulators of 4 heads x 4 keys. With 16
 // (AVX2 and below) 4 heads take the keys in pairs (ScoreFourRows), which pays where converting
 // a key costs (FP8 E4M3, ~7 operations per 8 elements, scored slower than BF16 on Zen 3 at 2
-// heads per step); F16 and BF16 keys, a shift or one conversion, keep 2 heads x 4 keys: their
-// pairs were 7-20 % slower on Zen 3 (OneThreadB/.../1024).
+// heads per step); F32, F16 and BF16 rows in element order (a load, one conversion, a widening
+// and a shift) keep 2 heads x 4 keys: their pairs were 7-20 % slower on Zen 3
+// (OneThreadB/.../1024). BF16 keys in split order (kBF16Pairs: a shift or a mask per vector)
+// take pairs: 7 % faster there than 2 heads x 4 keys in element order.
 #if HWY_TARGET <= HWY_AVX3
 constexpr int kVectorRegisters = 32;
 #else
@@ -465,12 +466,20 @@ void ScoreTileAs(const RowSet& keys, const RowSet& values, size_t num_keys, cons
   const size_t num_keys4 = (num_keys + 3) / 4 * 4;
   if constexpr (IsSplitReader(kK)) {
     // The queries in split order.
-    const size_t parts = 8 / ReaderBits(kK);
+    const size_t parts = SplitParts(kK);
     float* qs = Scratch(kSlotSplitQuery, group * head_dim);  // [group, head_dim]
-    for (int j = 0; j < group; ++j) {
-      for (size_t pos = 0; pos < head_dim; ++pos) {
-        qs[j * head_dim + pos] = q[j * head_dim + SplitElement(pos, n, parts)];
+    const size_t num = static_cast<size_t>(group) * head_dim;
+#if HWY_TARGET != HWY_SCALAR                   // (no ConcatEven there; it never takes kBF16Pairs)
+    if constexpr (kK == Reader::kBF16Pairs) {  // even elements, then odd ones, per 2n
+      for (size_t i = 0; i < num; i += 2 * n) {
+        const auto lo = hn::LoadU(d, q + i), hi = hn::LoadU(d, q + i + n);
+        hn::StoreU(hn::ConcatEven(d, hi, lo), d, qs + i);
+        hn::StoreU(hn::ConcatOdd(d, hi, lo), d, qs + i + n);
       }
+    } else
+#endif
+    {
+      for (size_t pos = 0; pos < num; ++pos) qs[pos] = q[SplitElement(pos, n, parts)];
     }
     q = qs;
   }
@@ -537,6 +546,12 @@ void ScoreTileAs(const RowSet& keys, const RowSet& values, size_t num_keys, cons
 template <Reader kK, class D>
 void ScoreTile(const RowSet& keys, const RowSet& values, size_t num_keys, const float* q, int group,
                size_t head_dim, float* s, size_t s_stride) {
+  if constexpr (kK == Reader::kBF16 && hn::MaxLanes(D()) >= 4) {
+    if (head_dim % (2 * hn::Lanes(D())) == 0) {  // whole pair blocks: split order
+      return ScoreTileAs<Reader::kBF16Pairs, D>(keys, values, num_keys, q, group, head_dim, s,
+                                                s_stride);
+    }
+  }
   if constexpr (kK == Reader::kFp8E4M3) {
     // Scored as finite first, while the rows come from memory with the readers' prefetching,
     // then checked from cache; a tile holding a NaN code is scored again.

@@ -76,6 +76,10 @@ enum class Reader {
   // kFp8E4M3 for the rows of a tile that hold no NaN code (checked per tile, AnyE4M3Nan):
   // loads them without turning NaN codes into NaN, 3 of 8 operations per vector.
   kFp8E4M3Finite,
+  // kBF16 keys in split order (LoadSplit): a BF16 is the upper half of an F32, so the even
+  // elements of a dword are a shift away and the odd ones a mask: one operation per Lanes(d)
+  // elements where widening costs two.
+  kBF16Pairs,
 };
 
 // Readers of [f16 scale][8-bit elements] rows: the scale multiplies the score or the weight.
@@ -183,8 +187,11 @@ HWY_INLINE size_t SplitElement(size_t pos, size_t lanes, size_t parts) {
 }
 
 constexpr bool IsSplitReader(Reader r) {
-  return r == Reader::kInt4S || r == Reader::kKivi4 || r == Reader::kKivi2;
+  return r == Reader::kInt4S || r == Reader::kKivi4 || r == Reader::kKivi2 ||
+         r == Reader::kBF16Pairs;
 }
+// Parts per lane of a split reader: its elements per byte, or per dword of BF16 pairs.
+constexpr int SplitParts(Reader r) { return r == Reader::kBF16Pairs ? 2 : 8 / ReaderBits(r); }
 
 // The bytes of one split block (P elements from `first`), one per i32 lane.
 template <int kBits, class D>
@@ -203,6 +210,30 @@ HWY_INLINE hn::Vec<D> SplitPart(D d, hn::Vec<hn::Rebind<int32_t, D>> block, int 
   const hn::Rebind<int32_t, D> di;
   return hn::ConvertTo(
       d, hn::And(hn::ShiftRightSame(block, r * kBits), hn::Set(di, (1 << kBits) - 1)));
+}
+
+// One split block of a split reader's row (SplitParts(kR) * Lanes(d) elements from `first`), one
+// lane per byte of codes or per dword of BF16 pairs.
+template <Reader kR, class D>
+HWY_INLINE hn::Vec<hn::Rebind<int32_t, D>> LoadSplit(D d, const std::byte* row, size_t first) {
+  if constexpr (kR == Reader::kBF16Pairs) {
+    const hn::Rebind<int32_t, D> di;
+    return hn::LoadU(di, reinterpret_cast<const int32_t*>(row) + first / 2);
+  } else {
+    return LoadSplitBlock<ReaderBits(kR)>(d, row, first);
+  }
+}
+
+// Part r of a block from LoadSplit as floats: codes (not dequantised), or BF16 elements 2l + r.
+template <Reader kR, class D>
+HWY_INLINE hn::Vec<D> SplitPartOf(D d, hn::Vec<hn::Rebind<int32_t, D>> block, int r) {
+  if constexpr (kR == Reader::kBF16Pairs) {
+    const hn::Rebind<int32_t, D> di;
+    return hn::BitCast(d, r == 0 ? hn::ShiftLeft<16>(block)
+                                 : hn::And(block, hn::Set(di, static_cast<int32_t>(0xFFFF0000u))));
+  } else {
+    return SplitPart<ReaderBits(kR)>(d, block, r);
+  }
 }
 
 // IEEE halves to F32, infinities and NaNs included: on targets without F16C, Highway's
