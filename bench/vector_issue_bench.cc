@@ -1,0 +1,109 @@
+// Issue rate of the x86 vector instructions the AVX2 decode readers are made of (the float
+// readers and src/run/attention_madd-inl.h): instructions per second on one thread, each kind
+// alone and in pairs of kinds. A loop turn holds 16 independent instructions on 14 registers,
+// so latency does not count, only how many can start per cycle and on which ports. With a
+// kernel's instruction count per token this gives its arithmetic floor on the machine
+// (docs/representation-speed.md, fifteenth round). x86-64 CPUs with AVX2 and FMA only;
+// elsewhere each benchmark skips with a message.
+//
+//   build/release/vector_issue_bench
+//
+// Counter: `per_second`, instructions per second (alone: the kind's throughput; in a pair: both
+// kinds together, so a pair at the single kinds' rate shares their ports, one at twice it does
+// not).
+#include <cstdint>
+
+#include "benchmark/benchmark.h"
+
+namespace kvstack {
+namespace {
+
+constexpr int64_t kTurns = 1 << 20;
+constexpr int kPerTurn = 16;
+
+#if defined(__x86_64__)
+
+bool HasAvx2Fma() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+
+// One instruction of each kind on register r (ymm8 and ymm9 are read-only sources; %1 points
+// at a dword).
+#define KVS_FMA(r) "vfmadd231ps %%ymm8, %%ymm9, " r "\n"
+#define KVS_MADDWD(r) "vpmaddwd %%ymm8, " r ", " r "\n"
+#define KVS_MADDUBSW(r) "vpmaddubsw %%ymm8, " r ", " r "\n"
+#define KVS_ADDW(r) "vpaddw %%ymm8, " r ", " r "\n"
+#define KVS_SRLD(r) "vpsrld $4, " r ", " r "\n"
+#define KVS_SHUFB(r) "vpshufb %%ymm8, " r ", " r "\n"
+#define KVS_CVTPH(r) "vcvtph2ps %%xmm8, " r "\n"
+#define KVS_BCASTD(r) "vpbroadcastd (%1), " r "\n"
+// 16 instructions, kinds A and B alternating, then the loop's count.
+// clang-format off
+#define KVS_TURN(A, B)                                                              \
+  A("%%ymm0") B("%%ymm1") A("%%ymm2") B("%%ymm3") A("%%ymm4") B("%%ymm5")           \
+  A("%%ymm6") B("%%ymm7") A("%%ymm10") B("%%ymm11") A("%%ymm12") B("%%ymm13")       \
+  A("%%ymm14") B("%%ymm15") A("%%ymm0") B("%%ymm1")
+// clang-format on
+#define KVS_ISSUE_LOOP(A, B)                                                                     \
+  [](int64_t turns) {                                                                            \
+    alignas(32) const int32_t dword = 1;                                                         \
+    asm volatile("vpxor %%xmm8, %%xmm8, %%xmm8\n"                                              \
+                 "vpxor %%xmm9, %%xmm9, %%xmm9\n"                                              \
+                 "1:\n" KVS_TURN(A, B) "dec %0\n"                                              \
+                 "jnz 1b\n"                                                                    \
+                 : "+r"(turns)                                                                 \
+                 : "r"(&dword)                                                                 \
+                 : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",    \
+                   "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc"); \
+  }
+
+using IssueLoop = void (*)(int64_t);
+
+void BM_Issue(benchmark::State& state, IssueLoop loop) {
+  if (!HasAvx2Fma()) {
+    state.SkipWithError("needs a CPU with AVX2 and FMA");
+    return;
+  }
+  for (auto _ : state) loop(kTurns);
+  state.counters["per_second"] = benchmark::Counter(static_cast<double>(kTurns * kPerTurn),
+                                                    benchmark::Counter::kIsIterationInvariantRate);
+}
+
+BENCHMARK_CAPTURE(BM_Issue, vfmadd231ps, KVS_ISSUE_LOOP(KVS_FMA, KVS_FMA));
+BENCHMARK_CAPTURE(BM_Issue, vpmaddwd, KVS_ISSUE_LOOP(KVS_MADDWD, KVS_MADDWD));
+BENCHMARK_CAPTURE(BM_Issue, vpmaddubsw, KVS_ISSUE_LOOP(KVS_MADDUBSW, KVS_MADDUBSW));
+BENCHMARK_CAPTURE(BM_Issue, vpaddw, KVS_ISSUE_LOOP(KVS_ADDW, KVS_ADDW));
+BENCHMARK_CAPTURE(BM_Issue, vpsrld, KVS_ISSUE_LOOP(KVS_SRLD, KVS_SRLD));
+BENCHMARK_CAPTURE(BM_Issue, vpshufb, KVS_ISSUE_LOOP(KVS_SHUFB, KVS_SHUFB));
+BENCHMARK_CAPTURE(BM_Issue, vcvtph2ps, KVS_ISSUE_LOOP(KVS_CVTPH, KVS_CVTPH));
+BENCHMARK_CAPTURE(BM_Issue, vpbroadcastd_m32, KVS_ISSUE_LOOP(KVS_BCASTD, KVS_BCASTD));
+// The pairs the readers' inner loops are made of.
+BENCHMARK_CAPTURE(BM_Issue, vpmaddubsw_vpaddw, KVS_ISSUE_LOOP(KVS_MADDUBSW, KVS_ADDW));
+BENCHMARK_CAPTURE(BM_Issue, vpmaddwd_vpaddw, KVS_ISSUE_LOOP(KVS_MADDWD, KVS_ADDW));
+BENCHMARK_CAPTURE(BM_Issue, vpmaddwd_vpbroadcastd_m32, KVS_ISSUE_LOOP(KVS_MADDWD, KVS_BCASTD));
+BENCHMARK_CAPTURE(BM_Issue, vpmaddubsw_vpsrld, KVS_ISSUE_LOOP(KVS_MADDUBSW, KVS_SRLD));
+BENCHMARK_CAPTURE(BM_Issue, vpmaddubsw_vpmaddwd, KVS_ISSUE_LOOP(KVS_MADDUBSW, KVS_MADDWD));
+BENCHMARK_CAPTURE(BM_Issue, vfmadd231ps_vpsrld, KVS_ISSUE_LOOP(KVS_FMA, KVS_SRLD));
+BENCHMARK_CAPTURE(BM_Issue, vfmadd231ps_vcvtph2ps, KVS_ISSUE_LOOP(KVS_FMA, KVS_CVTPH));
+BENCHMARK_CAPTURE(BM_Issue, vfmadd231ps_vpmaddwd, KVS_ISSUE_LOOP(KVS_FMA, KVS_MADDWD));
+
+#undef KVS_ISSUE_LOOP
+#undef KVS_TURN
+#undef KVS_BCASTD
+#undef KVS_CVTPH
+#undef KVS_SHUFB
+#undef KVS_SRLD
+#undef KVS_ADDW
+#undef KVS_MADDUBSW
+#undef KVS_MADDWD
+#undef KVS_FMA
+
+#else  // not x86-64
+
+void BM_Issue(benchmark::State& state) { state.SkipWithError("x86-64 only"); }
+BENCHMARK(BM_Issue);
+
+#endif
+
+}  // namespace
+}  // namespace kvstack
+
+BENCHMARK_MAIN();
