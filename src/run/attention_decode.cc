@@ -127,8 +127,10 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
   const size_t s_stride = in_place ? sink->prob_stride : (kDecodeTile + nf - 1) / nf * nf;
   float* const scratch =
       in_place ? nullptr : Scratch(kSlotScores, static_cast<size_t>(group) * s_stride);
-  const ScoreFn score = ScoreFor<D>(k_side.reader);
-  const AccumulateFn accumulate = AccumulateFor<D>(v_side.reader);
+  const Reader k_reader = SplitOrderReader<D>(k_side.reader, head_dim);
+  const Reader v_reader = SplitOrderReader<D>(v_side.reader, head_dim);
+  const ScoreFn score = ScoreFor<D>(k_reader);
+  const AccumulateFn accumulate = AccumulateFor<D>(v_reader);
   // Integer keys on CPUs with VNNI: the query quantised once per task (attention_vnni-inl.h).
   const VnniPlan vnni = PlanVnni(k_side, head_dim, nd);
   const VnniPlan vnni_values = PlanVnni(v_side, head_dim, nd);
@@ -255,10 +257,10 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
       accumulate(values, num_keys, s, s_stride, group, head_dim, state, state_stride);
     }
   }
-  if (IsSplitReader(v_side.reader) && !vnni_values.ok && !madd_values.ok) {
+  if (IsSplitReader(v_reader) && !vnni_values.ok && !madd_values.ok && !bf16.values) {
     // split order: back to element order
     float* row = Scratch(kSlotSplitQuery, head_dim);
-    const size_t parts = 8 / ReaderBits(v_side.reader);
+    const size_t parts = SplitParts(v_reader);
     for (int j = 0; j < group; ++j) {
       float* st = state + j * state_stride;
       std::copy(st, st + head_dim, row);

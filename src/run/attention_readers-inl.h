@@ -546,12 +546,6 @@ void ScoreTileAs(const RowSet& keys, const RowSet& values, size_t num_keys, cons
 template <Reader kK, class D>
 void ScoreTile(const RowSet& keys, const RowSet& values, size_t num_keys, const float* q, int group,
                size_t head_dim, float* s, size_t s_stride) {
-  if constexpr (kK == Reader::kBF16 && hn::MaxLanes(D()) >= 4) {
-    if (head_dim % (2 * hn::Lanes(D())) == 0) {  // whole pair blocks: split order
-      return ScoreTileAs<Reader::kBF16Pairs, D>(keys, values, num_keys, q, group, head_dim, s,
-                                                s_stride);
-    }
-  }
   if constexpr (kK == Reader::kFp8E4M3) {
     // Scored as finite first, while the rows come from memory with the readers' prefetching,
     // then checked from cache; a tile holding a NaN code is scored again.
@@ -589,16 +583,21 @@ HWY_INLINE void AccumulateSlice(D d, const RowSet& values, size_t num_keys,
     HWY_UNROLL(8)
     for (int j = 0; j < kNumQ; ++j) w[j] = hn::Set(d, p[j * p_stride + key]);
     const std::byte* row = values.rows[key];
-    if constexpr (kV == Reader::kInt4S) {
+    if constexpr (kV == Reader::kInt4S || kV == Reader::kBF16Pairs) {
       // kVecs is a multiple of the 2 parts of a block: a slice is whole blocks.
       HWY_UNROLL(8)
       for (size_t v = 0; v < kVecs; v += 2) {
-        const auto block = LoadSplitBlock<4>(d, row, i0 + v * n);
-        const float* h = hf + key * kMaxHeaderFloats + header_idx[v];
-        const auto scale = hn::Set(d, h[0]), min = hn::Set(d, h[1]);
+        const auto block = LoadSplit<kV>(d, row, i0 + v * n);
+        hn::Vec<D> scale = hn::Zero(d), min = hn::Zero(d);
+        if constexpr (kGroups) {
+          const float* h = hf + key * kMaxHeaderFloats + header_idx[v];
+          scale = hn::Set(d, h[0]);
+          min = hn::Set(d, h[1]);
+        }
         HWY_UNROLL(2)
         for (int r = 0; r < 2; ++r) {
-          const auto x = hn::MulAdd(SplitPart<4>(d, block, r), scale, min);
+          auto x = SplitPartOf<kV>(d, block, r);
+          if constexpr (kGroups) x = hn::MulAdd(x, scale, min);
           HWY_UNROLL(8)
           for (int j = 0; j < kNumQ; ++j) a[j][v + r] = hn::MulAdd(w[j], x, a[j][v + r]);
         }
@@ -634,7 +633,7 @@ HWY_INLINE void AccumulateRows(D d, const RowSet& values, size_t num_keys,
                                size_t acc_stride) {
   constexpr size_t kMaxVecs = 8 / kNumQ;  // accumulators in registers: at most 8
   const size_t n = hn::Lanes(d);
-  if constexpr (kV == Reader::kInt4S) {  // whole blocks (head_dim is a multiple of them)
+  if constexpr (IsSplitReader(kV)) {  // whole blocks (head_dim is a multiple of them)
     size_t i0 = 0;
     for (; i0 + kMaxVecs * n <= head_dim; i0 += kMaxVecs * n) {
       AccumulateSlice<kNumQ, kMaxVecs, kV>(d, values, num_keys, p, p_stride, i0, hf, acc,
@@ -695,6 +694,15 @@ void AccumulateTile(const RowSet& values, size_t num_keys, const float* p, size_
   });
 }
 
+// The reader a decode task takes for an arena's reader at vector width D: BF16 rows of whole
+// pair blocks in split order (kBF16Pairs; the task puts its value states back in element order
+// at its end), every other as it is.
+template <class D>
+Reader SplitOrderReader(Reader r, size_t head_dim) {
+  const bool pairs = hn::MaxLanes(D()) >= 4 && head_dim % (2 * hn::Lanes(D())) == 0;
+  return r == Reader::kBF16 && pairs ? Reader::kBF16Pairs : r;
+}
+
 using ScoreFn = void (*)(const RowSet&, const RowSet&, size_t, const float*, int, size_t, float*,
                          size_t);
 using AccumulateFn = void (*)(const RowSet&, size_t, const float*, size_t, int, size_t, float*,
@@ -720,6 +728,8 @@ ScoreFn ScoreFor(Reader r) {
         return &ScoreTile<Reader::kKivi2, D>;
       case Reader::kInt4S:
         return &ScoreTile<Reader::kInt4S, D>;
+      case Reader::kBF16Pairs:
+        return &ScoreTile<Reader::kBF16Pairs, D>;
       default:
         break;
     }
@@ -753,6 +763,8 @@ AccumulateFn AccumulateFor(Reader r) {
         return &AccumulateTile<Reader::kInt2, D>;
       case Reader::kInt4S:
         return &AccumulateTile<Reader::kInt4S, D>;
+      case Reader::kBF16Pairs:
+        return &AccumulateTile<Reader::kBF16Pairs, D>;
       default:
         break;
     }
