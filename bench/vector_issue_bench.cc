@@ -18,10 +18,10 @@
 namespace kvstack {
 namespace {
 
+#if defined(__x86_64__)
+
 constexpr int64_t kTurns = 1 << 20;
 constexpr int kPerTurn = 16;
-
-#if defined(__x86_64__)
 
 bool HasAvx2Fma() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 
@@ -50,7 +50,7 @@ bool HasAvx2Fma() { return __builtin_cpu_supports("avx2") && __builtin_cpu_suppo
                  "1:\n" KVS_TURN(A, B) "dec %0\n"                                              \
                  "jnz 1b\n"                                                                    \
                  : "+r"(turns)                                                                 \
-                 : "r"(&dword)                                                                 \
+                 : "r"(&dword), "m"(dword)                                                     \
                  : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",    \
                    "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc"); \
   }

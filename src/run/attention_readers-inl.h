@@ -457,6 +457,23 @@ bool AnyE4M3Nan(const RowSet& set, size_t num_rows, size_t head_dim) {
   return *std::max_element(lanes, lanes + n) == 0x7F || tail_largest == 0x7F;
 }
 
+// The query rows q[0, num) (whole split blocks) in split order (SplitElement) into qs.
+template <Reader kK, class D>
+void SplitQueries(D d, const float* HWY_RESTRICT q, size_t num, float* HWY_RESTRICT qs) {
+  const size_t n = hn::Lanes(d);
+#if HWY_TARGET != HWY_SCALAR                 // (no ConcatEven there; it never takes kBF16Pairs)
+  if constexpr (kK == Reader::kBF16Pairs) {  // even elements, then odd ones, per 2n
+    for (size_t i = 0; i < num; i += 2 * n) {
+      const auto lo = hn::LoadU(d, q + i), hi = hn::LoadU(d, q + i + n);
+      hn::StoreU(hn::ConcatEven(d, hi, lo), d, qs + i);
+      hn::StoreU(hn::ConcatOdd(d, hi, lo), d, qs + i + n);
+    }
+    return;
+  }
+#endif
+  for (size_t pos = 0; pos < num; ++pos) qs[pos] = q[SplitElement(pos, n, SplitParts(kK))];
+}
+
 // Scores of a tile's keys for the `group` query heads of one kv head (ScoreTile).
 template <Reader kK, class D>
 void ScoreTileAs(const RowSet& keys, const RowSet& values, size_t num_keys, const float* q,
@@ -466,21 +483,8 @@ void ScoreTileAs(const RowSet& keys, const RowSet& values, size_t num_keys, cons
   const size_t num_keys4 = (num_keys + 3) / 4 * 4;
   if constexpr (IsSplitReader(kK)) {
     // The queries in split order.
-    const size_t parts = SplitParts(kK);
     float* qs = Scratch(kSlotSplitQuery, group * head_dim);  // [group, head_dim]
-    const size_t num = static_cast<size_t>(group) * head_dim;
-#if HWY_TARGET != HWY_SCALAR                   // (no ConcatEven there; it never takes kBF16Pairs)
-    if constexpr (kK == Reader::kBF16Pairs) {  // even elements, then odd ones, per 2n
-      for (size_t i = 0; i < num; i += 2 * n) {
-        const auto lo = hn::LoadU(d, q + i), hi = hn::LoadU(d, q + i + n);
-        hn::StoreU(hn::ConcatEven(d, hi, lo), d, qs + i);
-        hn::StoreU(hn::ConcatOdd(d, hi, lo), d, qs + i + n);
-      }
-    } else
-#endif
-    {
-      for (size_t pos = 0; pos < num; ++pos) qs[pos] = q[SplitElement(pos, n, parts)];
-    }
+    SplitQueries<kK>(d, q, static_cast<size_t>(group) * head_dim, qs);
     q = qs;
   }
   if constexpr (kK == Reader::kKivi4 || kK == Reader::kKivi2) {
