@@ -490,7 +490,7 @@ void ScoreTileAs(const RowSet& keys, const RowSet& values, size_t num_keys, cons
   if constexpr (kK == Reader::kKivi4 || kK == Reader::kKivi2) {
     // Per unit: q'_c = q_c * scale_c and bias = sum_c q_c * min_c, so that each key's score
     // is q' . codes + bias with the codes read as integers.
-    const size_t parts = 8 / ReaderBits(kK);
+    const size_t parts = SplitParts(kK);
     float* header = Scratch(kSlotQuery, (4 + group) * head_dim + group);  // [2 * head_dim]
     float* split_scale = header + 2 * head_dim;                           // [head_dim]
     float* split_min = split_scale + head_dim;                            // [head_dim]

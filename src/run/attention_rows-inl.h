@@ -76,9 +76,9 @@ enum class Reader {
   // kFp8E4M3 for the rows of a tile that hold no NaN code (checked per tile, AnyE4M3Nan):
   // loads them without turning NaN codes into NaN, 3 of 8 operations per vector.
   kFp8E4M3Finite,
-  // kBF16 keys in split order (LoadSplit): a BF16 is the upper half of an F32, so the even
-  // elements of a dword are a shift away and the odd ones a mask: one operation per Lanes(d)
-  // elements where widening costs two.
+  // kBF16 rows (keys and values) in split order (LoadSplit, SplitOrderReader): a BF16 is the
+  // upper half of an F32, so the even elements of a dword are a shift away and the odd ones a
+  // mask: one operation per Lanes(d) elements where widening costs two.
   kBF16Pairs,
 };
 
