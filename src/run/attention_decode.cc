@@ -164,6 +164,15 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
     q16.resize(static_cast<size_t>(group) * head_dim);
     Bf16PrepareQueries(q, group, head_dim, q16.data());
   }
+  // The float readers' query, in the order a split reader reads its keys.
+  const bool float_keys = !amx_keys && !vnni.ok && !madd.ok && !bf16.keys;
+  const float* float_q = q;
+  if (float_keys && IsSplitReader(k_reader)) {
+    const size_t num = static_cast<size_t>(group) * head_dim;
+    float* split_q = Scratch(kSlotSplitQuery, num);
+    SplitQueries(D(), k_reader, q, num, split_q);
+    float_q = split_q;
+  }
   if (amx_keys) {
     AmxPrepareQueries(vnni, q, group, &amx_queries);
   } else if (vnni.ok && vnni.kivi) {  // (quantised per unit: its scales fold into the query)
@@ -203,7 +212,7 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
       Bf16ScoreTile(bf16, keys, values, num_keys, q16.data(), half_unscale.data(),
                     widened_queries.data(), group, head_dim, s, s_stride);
     } else {
-      score(keys, values, num_keys, q, group, head_dim, s, s_stride);
+      score(keys, values, num_keys, float_q, group, head_dim, s, s_stride);
     }
     // Softmax of the tile, folded into the running state.
     const size_t padded = (num_keys + nf - 1) / nf * nf;
@@ -259,7 +268,7 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
   }
   if (IsSplitReader(v_reader) && !vnni_values.ok && !madd_values.ok && !bf16.values) {
     // split order: back to element order
-    float* row = Scratch(kSlotSplitQuery, head_dim);
+    float* row = Scratch(kSlotSplitState, head_dim);
     const size_t parts = SplitParts(v_reader);
     for (int j = 0; j < group; ++j) {
       float* st = state + j * state_stride;

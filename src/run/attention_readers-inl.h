@@ -457,21 +457,25 @@ bool AnyE4M3Nan(const RowSet& set, size_t num_rows, size_t head_dim) {
   return *std::max_element(lanes, lanes + n) == 0x7F || tail_largest == 0x7F;
 }
 
-// The query rows q[0, num) (whole split blocks) in split order (SplitElement) into qs.
-template <Reader kK, class D>
-void SplitQueries(D d, const float* HWY_RESTRICT q, size_t num, float* HWY_RESTRICT qs) {
+// The query rows q[0, num) (whole split blocks) in the order split reader `r` reads its rows
+// (SplitElement) into qs: once per decode task, for ScoreTile.
+template <class D>
+void SplitQueries(D d, Reader r, const float* HWY_RESTRICT q, size_t num, float* HWY_RESTRICT qs) {
   const size_t n = hn::Lanes(d);
-#if HWY_TARGET != HWY_SCALAR                 // (no ConcatEven there; it never takes kBF16Pairs)
-  if constexpr (kK == Reader::kBF16Pairs) {  // even elements, then odd ones, per 2n
-    for (size_t i = 0; i < num; i += 2 * n) {
-      const auto lo = hn::LoadU(d, q + i), hi = hn::LoadU(d, q + i + n);
-      hn::StoreU(hn::ConcatEven(d, hi, lo), d, qs + i);
-      hn::StoreU(hn::ConcatOdd(d, hi, lo), d, qs + i + n);
+#if HWY_TARGET != HWY_SCALAR               // (no ConcatEven there; it never takes kBF16Pairs)
+  if constexpr (hn::MaxLanes(D()) >= 4) {  // (nor do narrower vectors: SplitOrderReader)
+    if (r == Reader::kBF16Pairs) {         // even elements, then odd ones, per 2n
+      for (size_t i = 0; i < num; i += 2 * n) {
+        const auto lo = hn::LoadU(d, q + i), hi = hn::LoadU(d, q + i + n);
+        hn::StoreU(hn::ConcatEven(d, hi, lo), d, qs + i);
+        hn::StoreU(hn::ConcatOdd(d, hi, lo), d, qs + i + n);
+      }
+      return;
     }
-    return;
   }
 #endif
-  for (size_t pos = 0; pos < num; ++pos) qs[pos] = q[SplitElement(pos, n, SplitParts(kK))];
+  const size_t parts = SplitParts(r);
+  for (size_t pos = 0; pos < num; ++pos) qs[pos] = q[SplitElement(pos, n, parts)];
 }
 
 // Scores of a tile's keys for the `group` query heads of one kv head (ScoreTile).
@@ -481,12 +485,6 @@ void ScoreTileAs(const RowSet& keys, const RowSet& values, size_t num_keys, cons
   const D d;
   const size_t n = hn::Lanes(d);
   const size_t num_keys4 = (num_keys + 3) / 4 * 4;
-  if constexpr (IsSplitReader(kK)) {
-    // The queries in split order.
-    float* qs = Scratch(kSlotSplitQuery, group * head_dim);  // [group, head_dim]
-    SplitQueries<kK>(d, q, static_cast<size_t>(group) * head_dim, qs);
-    q = qs;
-  }
   if constexpr (kK == Reader::kKivi4 || kK == Reader::kKivi2) {
     // Per unit: q'_c = q_c * scale_c and bias = sum_c q_c * min_c, so that each key's score
     // is q' . codes + bias with the codes read as integers.
@@ -546,7 +544,8 @@ void ScoreTileAs(const RowSet& keys, const RowSet& values, size_t num_keys, cons
 }
 
 // Scores of a tile's keys for the `group` query heads of one kv head.
-//   q: [group, head_dim] (scaled); s: [group, s_stride]
+//   q: [group, head_dim] (scaled; a split reader's in its order, SplitQueries); s: [group,
+//   s_stride]
 template <Reader kK, class D>
 void ScoreTile(const RowSet& keys, const RowSet& values, size_t num_keys, const float* q, int group,
                size_t head_dim, float* s, size_t s_stride) {

@@ -48,6 +48,7 @@ enum ScratchSlot {
   kSlotHeaders,
   kSlotQuery,
   kSlotSplitQuery,
+  kSlotSplitState,
   kSlotBf16Weights,
   kNumSlots
 };
@@ -178,7 +179,7 @@ HWY_INLINE hn::Vec<D> LoadCodes(D d, const std::byte* codes, size_t i) {
 // them, so the split readers take a block of P = (8 / b) * Lanes(d) elements from Lanes(d)
 // bytes with one widening load — byte l of the block in lane l — and part r of the block is
 // then (x >> r*b) & mask: the elements l * (8 / b) + r. The kernels work in that order
-// instead: queries are permuted into it once per tile and value accumulators are permuted
+// instead: queries are permuted into it once per task and value accumulators are permuted
 // back once per task. Position p of a row in split order holds element SplitElement(p).
 HWY_INLINE size_t SplitElement(size_t pos, size_t lanes, size_t parts) {
   const size_t block = lanes * parts;
