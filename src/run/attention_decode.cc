@@ -236,7 +236,7 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
       const auto vnew_max = hn::Set(df, new_max);
       auto vsum = hn::Zero(df);
       for (size_t i = 0; i < padded; i += nf) {
-        const auto p = hn::Exp(df, hn::Sub(hn::LoadU(df, sj + i), vnew_max));
+        const auto p = ExpOfScore(df, hn::Sub(hn::LoadU(df, sj + i), vnew_max));
         hn::StoreU(p, df, sj + i);
         vsum = hn::Add(vsum, p);
       }

@@ -265,7 +265,7 @@ void PrefillImpl(const KvLayerView& view, const float* q, int num_queries,
           auto vsum = hn::Zero(df);
           for (size_t k = 0; k < num_keys; ++k) {
             float* s = st + k * row_stride + r;
-            auto p = hn::Exp(df, hn::Sub(hn::LoadU(df, s), vmax));
+            auto p = ExpOfScore(df, hn::Sub(hn::LoadU(df, s), vmax));
             if (HWY_UNLIKELY(poisoned)) p = hn::IfThenZeroElse(poison, p);
             hn::StoreU(p, df, s);
             vsum = hn::Add(vsum, p);

@@ -364,7 +364,7 @@ void SoftmaxTile(const Rows& rows, int first_key, int num_tokens, float* HWY_RES
     auto vsum = hn::Zero(df);
     for (size_t t = 0; t < padded; t += lanes) {
       // Exp(-inf) == 0: masked and padding keys get no weight.
-      const auto p = hn::Exp(df, hn::Sub(hn::LoadU(df, sr + t), vm));
+      const auto p = ExpOfScore(df, hn::Sub(hn::LoadU(df, sr + t), vm));
       hn::StoreU(p, df, sr + t);
       vsum = hn::Add(vsum, p);
     }
