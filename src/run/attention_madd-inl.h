@@ -755,12 +755,21 @@ void MaddAccumulateTile(const VnniPlan& plan, const RowSet& values, size_t num_k
 
 // The `group` heads' states from MaddValueElement's order back to element order.
 void MaddValueOrderToElements(const VnniPlan& plan, int group, float* state, size_t state_stride) {
+  // Every slice of 32 slots holds the same elements of its own 32: one table per width.
+  static constexpr auto kElements = [] {
+    std::array<std::array<uint8_t, 32>, 3> t{};  // [2, 4, 8 bits][slot]
+    for (int slot = 0; slot < 32; ++slot) {
+      for (int w = 0; w < 3; ++w) t[w][slot] = static_cast<uint8_t>(MaddValueElement(slot, 2 << w));
+    }
+    return t;
+  }();
+  const uint8_t* elements = kElements[plan.bits == 2 ? 0 : plan.bits == 4 ? 1 : 2].data();
   alignas(32) float row[kVnniMaxHeadDim];
   for (int j = 0; j < group; ++j) {
     float* st = state + j * state_stride;
     std::memcpy(row, st, plan.head_dim * sizeof(float));
-    for (int slot = 0; slot < static_cast<int>(plan.head_dim); ++slot) {
-      st[MaddValueElement(slot, plan.bits)] = row[slot];
+    for (size_t s0 = 0; s0 < plan.head_dim; s0 += 32) {
+      for (size_t slot = 0; slot < 32; ++slot) st[s0 + elements[slot]] = row[s0 + slot];
     }
   }
 }
