@@ -3,10 +3,13 @@
 
 #include "run/softmax.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
