@@ -17,6 +17,7 @@
 
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
+#include "run/lane_sums-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace kvstack {
@@ -190,43 +191,6 @@ void FillRows(const KvLayerView& view, const SideSpec& side, bool keys, int kv_h
 
 // ---------------------------------------------------------------------------------------------
 // Decode readers.
-
-// Stores the sum of the 128-bit blocks of v (4 lanes) to out[0, 4).
-// (The one-lane HWY_SCALAR target has no block operations; it never needs them.)
-#if HWY_TARGET != HWY_SCALAR
-template <class D, class V>
-HWY_INLINE void StoreSumOfBlocks(D d, V v, float* HWY_RESTRICT out) {
-  if constexpr (hn::MaxLanes(D()) > 4) {
-    const hn::Half<D> dh;
-    StoreSumOfBlocks(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)), out);
-  } else {
-    hn::StoreU(v, d, out);
-  }
-}
-#endif
-
-// out[0..4) = the lane sums of a, b, c, e: four horizontal sums for the price of about one,
-// by transposing pairs of lanes within each 128-bit block.
-template <class D, class V>
-HWY_INLINE void SumOfLanes4(D d, V a, V b, V c, V e, float* HWY_RESTRICT out) {
-  if constexpr (hn::MaxLanes(D()) == 1) {
-    out[0] = hn::GetLane(a);
-    out[1] = hn::GetLane(b);
-    out[2] = hn::GetLane(c);
-    out[3] = hn::GetLane(e);
-  } else {
-#if HWY_TARGET != HWY_SCALAR
-    // Per block: [a0+a2, b0+b2, a1+a3, b1+b3] and the same for c, e.
-    const V ab = hn::Add(hn::InterleaveLower(d, a, b), hn::InterleaveUpper(d, a, b));
-    const V ce = hn::Add(hn::InterleaveLower(d, c, e), hn::InterleaveUpper(d, c, e));
-    const hn::Repartition<uint64_t, D> du64;
-    const auto ab64 = hn::BitCast(du64, ab), ce64 = hn::BitCast(du64, ce);
-    const V lo = hn::BitCast(d, hn::InterleaveLower(du64, ab64, ce64));
-    const V hi = hn::BitCast(d, hn::InterleaveUpper(du64, ab64, ce64));
-    StoreSumOfBlocks(d, hn::Add(lo, hi), out);
-#endif
-  }
-}
 
 // The header floats of a row of an integer-group reader: (scale, min) pairs.
 // (F16 conversions in vectors: the software scalar one would cost more than the row.)

@@ -37,6 +37,7 @@
 #include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
+#include "run/lane_sums-inl.h"
 #include "run/softmax-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -89,41 +90,11 @@ HWY_INLINE void ForVectors(size_t n, Body&& body) {
   for (; i < n; ++i) body(d1, i);
 }
 
-#if HWY_TARGET != HWY_SCALAR
-// Stores the sum of the 128-bit blocks of v (4 lanes each) to out[0, 4).
-template <class D, class V>
-HWY_INLINE void StoreSumOfBlocks(D d, V v, float* HWY_RESTRICT out) {
-  if constexpr (hn::MaxLanes(D()) > 4) {
-    const hn::Half<D> dh;
-    StoreSumOfBlocks(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)), out);
-  } else {
-    hn::StoreU(v, d, out);
-  }
-}
-#endif
-
-// out[0..4) += the lane sums of a, b, c, e: four horizontal sums for the price of about one,
-// by transposing pairs of lanes within each 128-bit block (as attention's decode readers do).
+// out[0..4) += the lane sums of a, b, c, e.
 template <class D, class V>
 HWY_INLINE void AddSumOfLanes4(D d, V a, V b, V c, V e, float* HWY_RESTRICT out) {
   float sums[4];
-  if constexpr (hn::MaxLanes(D()) < 4) {
-    sums[0] = hn::GetLane(hn::SumOfLanes(d, a));
-    sums[1] = hn::GetLane(hn::SumOfLanes(d, b));
-    sums[2] = hn::GetLane(hn::SumOfLanes(d, c));
-    sums[3] = hn::GetLane(hn::SumOfLanes(d, e));
-  } else {
-#if HWY_TARGET != HWY_SCALAR
-    // Per block: [a0+a2, b0+b2, a1+a3, b1+b3] and the same for c, e.
-    const V ab = hn::Add(hn::InterleaveLower(d, a, b), hn::InterleaveUpper(d, a, b));
-    const V ce = hn::Add(hn::InterleaveLower(d, c, e), hn::InterleaveUpper(d, c, e));
-    const hn::Repartition<uint64_t, D> du64;
-    const auto ab64 = hn::BitCast(du64, ab), ce64 = hn::BitCast(du64, ce);
-    const V lo = hn::BitCast(d, hn::InterleaveLower(du64, ab64, ce64));
-    const V hi = hn::BitCast(d, hn::InterleaveUpper(du64, ab64, ce64));
-    StoreSumOfBlocks(d, hn::Add(lo, hi), sums);
-#endif
-  }
+  SumOfLanes4(d, a, b, c, e, sums);
   for (int k = 0; k < 4; ++k) out[k] += sums[k];
 }
 
