@@ -1,10 +1,9 @@
 // Running the real kvstack binary from a test: captures exit code, stdout and stderr. Each
-// test process gets its own scratch directory, because ctest runs tests in parallel processes
-// and a shared /tmp file name would let one test read another's output.
+// test process gets its own scratch directory (removed when it exits), because ctest runs tests
+// in parallel processes and a shared /tmp file name would let one test read another's output.
 #pragma once
 
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -12,6 +11,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "support/scratch_dir.h"
 
 namespace kvstack::testing_cli {
 
@@ -28,16 +28,7 @@ inline std::string Slurp(const std::string& path) {
   return s.str();
 }
 
-// A directory of this process's own, created on first use.
-inline const std::string& ScratchDir() {
-  static const std::string dir = [] {
-    std::string pattern = testing::TempDir() + "/kvstack_test_XXXXXX";
-    const char* made = mkdtemp(pattern.data());
-    if (made == nullptr) std::abort();
-    return std::string(made);
-  }();
-  return dir;
-}
+using testing_support::ScratchDir;
 
 // Runs `kvstack args` with `env` (e.g. "PATH=/x") in front of it.
 inline CommandResult RunCli(const std::string& args, const std::string& env = "") {

@@ -13,6 +13,7 @@
 #include "run/head_calibration.h"
 #include "run/long_context_eval.h"
 #include "shared_model.h"
+#include "support/scratch_dir.h"
 
 namespace kvstack {
 namespace {
@@ -251,8 +252,7 @@ TEST(EvictionE2E, BadConfigurationsFailWithOneLine) {
   KvConfig duo = Evicting("duo", 32);
   expect_error(duo, 64, "head profile");
   // A head profile measured on another model.
-  const std::string path =
-      ::testing::TempDir() + "/other_model_" + std::to_string(getpid()) + ".heads";
+  const std::string path = testing_support::ScratchDir() + "/other_model.heads";
   const LlamaHparams& hp = Model().hparams();
   ASSERT_TRUE(HeadProfile(0x1234, hp.num_layers, hp.num_kv_heads).Save(path).ok());
   duo.head_profile = path;
@@ -263,7 +263,7 @@ TEST(EvictionE2E, DuoKeepsEverythingInRetrievalHeadsOnly) {
   const LlamaHparams& hp = Model().hparams();
   HeadProfile profile(Model().gguf().ContentHash(), hp.num_layers, hp.num_kv_heads);
   profile.set_score(0, 1, 0.9);  // the one retrieval head at fraction 1 / (layers * heads)
-  const std::string path = ::testing::TempDir() + "/duo_" + std::to_string(getpid()) + ".heads";
+  const std::string path = testing_support::ScratchDir() + "/duo.heads";
   ASSERT_TRUE(profile.Save(path).ok());
   KvConfig kv = Evicting("duo", 32);
   kv.evict_step = 1;  // exactly the budget
@@ -308,8 +308,7 @@ TEST(HeadCalibrationE2E, MeasuresHeadsThatDifferAndDuoRunsWithTheProfile) {
   EXPECT_GT(*highest, 2 * *lowest + 0.01);
 
   // With the measured profile, duo runs and keeps everything only in the retrieval heads.
-  const std::string path =
-      ::testing::TempDir() + "/measured_" + std::to_string(getpid()) + ".heads";
+  const std::string path = testing_support::ScratchDir() + "/measured.heads";
   ASSERT_TRUE(profile->Save(path).ok());
   KvConfig kv = Evicting("duo", 48);
   kv.head_profile = path;

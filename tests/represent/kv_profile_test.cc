@@ -3,8 +3,6 @@
 // and the file format (round trip, foreign model and old version refused, corruption caught).
 #include "kvstack/kv_profile.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -13,6 +11,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "support/scratch_dir.h"
 
 namespace kvstack {
 namespace {
@@ -194,7 +193,7 @@ TEST(KvProfile, FinalizeWithoutDataIsAnError) {
 
 TEST(KvProfile, FileRoundTripAndRefusals) {
   const KvProfile profile = SyntheticProfile();
-  const std::string path = testing::TempDir() + "/p_" + std::to_string(getpid()) + ".kvsprof";
+  const std::string path = testing_support::ScratchDir() + "/p.kvsprof";
   ASSERT_TRUE(profile.Save(path).ok());
   auto loaded = KvProfile::Load(path, 0x1234, 2, 2, 4);
   ASSERT_TRUE(loaded.ok()) << loaded.status();

@@ -8,8 +8,6 @@
 
 #include "run/lowrank_attention.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -22,6 +20,7 @@
 #include "kvstack/kv_cache.h"
 #include "kvstack/kv_profile.h"
 #include "represent/lowrank_codec.h"
+#include "support/scratch_dir.h"
 
 namespace kvstack {
 namespace {
@@ -69,8 +68,7 @@ const std::string& ProfilePath() {
     for (size_t i = 0; i < v.size(); ++i) v[i] = 0.5f * v[i] + 0.25f * k[i];  // correlated
     profile.Accumulate(0, k, v);
     KVS_CHECK(profile.Finalize().ok());
-    const std::string p =
-        testing::TempDir() + "/lowrank_attention_test_" + std::to_string(getpid()) + ".kvsprof";
+    const std::string p = testing_support::ScratchDir() + "/lowrank_attention_test.kvsprof";
     KVS_CHECK(profile.Save(p).ok());
     return p;
   }();

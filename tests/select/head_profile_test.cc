@@ -5,11 +5,12 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include "support/scratch_dir.h"
 
 namespace kvstack {
 namespace {
@@ -21,7 +22,7 @@ constexpr uint64_t kHash = 0x0123456789abcdefull;
 
 // A path of this process's own (tests of several processes may share the temp dir).
 std::string TempPath(const std::string& name) {
-  return testing::TempDir() + "/head_profile_" + std::to_string(getpid()) + "_" + name;
+  return testing_support::ScratchDir() + "/head_profile_" + name;
 }
 
 void WriteFile(const std::string& path, const std::string& text) {

@@ -10,7 +10,6 @@
 // (copy-on-write) and the byte accounting.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <numeric>
@@ -25,6 +24,7 @@
 #include "kvstack/kv_profile.h"
 #include "packed_test_codec.h"
 #include "represent/hadamard.h"
+#include "support/scratch_dir.h"
 
 namespace kvstack {
 namespace {
@@ -78,8 +78,7 @@ std::string ProfilePath() {
       profile.Accumulate(layer_idx, keys, values);
     }
     KVS_CHECK(profile.Finalize().ok());
-    const std::string file =
-        ::testing::TempDir() + "/kv_cache_evict_test_" + std::to_string(getpid()) + ".profile";
+    const std::string file = testing_support::ScratchDir() + "/kv_cache_evict_test.profile";
     KVS_CHECK(profile.Save(file).ok());
     return file;
   }();

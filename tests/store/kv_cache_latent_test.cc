@@ -3,7 +3,6 @@
 // arena), encodes each token's key and value together, moves and re-encodes them together on
 // eviction, and refuses any other pairing of a latent codec with a one-line error (and, like
 // every key codec built from a profile, Hadamard-rotated keys).
-#include <unistd.h>
 
 #include <cmath>
 #include <random>
@@ -15,6 +14,7 @@
 #include "kvstack/kv_cache.h"
 #include "kvstack/kv_profile.h"
 #include "represent/latent_codec.h"
+#include "support/scratch_dir.h"
 
 namespace kvstack {
 namespace {
@@ -41,8 +41,7 @@ const std::string& ProfilePath() {
       profile.Accumulate(l, RandomRows(500, rng), RandomRows(500, rng));
     }
     KVS_CHECK(profile.Finalize().ok());
-    const std::string p =
-        testing::TempDir() + "/kv_cache_latent_test_" + std::to_string(getpid()) + ".kvsprof";
+    const std::string p = testing_support::ScratchDir() + "/kv_cache_latent_test.kvsprof";
     KVS_CHECK(profile.Save(p).ok());
     return p;
   }();

@@ -4,11 +4,12 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
 #include <string>
+
+#include "support/scratch_dir.h"
 
 namespace kvstack {
 namespace {
@@ -253,8 +254,7 @@ TEST(KvConfigTomlTest, SyntaxErrorIsAStatusWithLocation) {
 }
 
 TEST(KvConfigFileTest, LoadsFileAndNamesPathInErrors) {
-  const std::string path =
-      ::testing::TempDir() + "kv_config_test_" + std::to_string(getpid()) + ".toml";
+  const std::string path = testing_support::ScratchDir() + "/kv_config_test.toml";
   {
     std::ofstream out(path);
     out << "[kv]\nlayout = \"paged\"\nblock_size = 8\ncapacity = 128\n";
