@@ -125,6 +125,47 @@ TEST_F(SweepCliTest, PairsZipTheListsAndF32MatchesTheReference) {
   EXPECT_GT(json["rows"][1]["mean_kl"].get<double>(), 0.0);
 }
 
+// --lowrank adds one K = V row per entry after the codec grid, short names taking "lowrank-";
+// full-rank bases only rotate, so those rows score as the F16 cache does.
+TEST_F(SweepCliTest, LowRankRowsFollowTheGridAndNeedTheirProfile) {
+  const std::string profile = dir_ + "/s260.kvsprof";
+  const CommandResult calibrate =
+      RunCli("calibrate -m " + kModel + " -f " + kShared +
+             "/data/tinystories_valid_head256k.txt --ctx 256 --max-windows 4 -o " + profile);
+  ASSERT_EQ(calibrate.exit_code, 0) << calibrate.err;
+
+  const CommandResult r = RunCli(Base() + " --k-codec f16 --v-codec f16 --profile " + profile +
+                                 " --lowrank r8,r4-int4,latent-r16 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto json = nlohmann::json::parse(r.out);
+  ASSERT_EQ(json["rows"].size(), 4u);
+  const auto& rows = json["rows"];
+  const char* expected[] = {"f16", "lowrank-r8", "lowrank-r4-int4", "latent-r16"};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(rows[i]["k_codec"], expected[i]);
+    EXPECT_EQ(rows[i]["v_codec"], expected[i]);
+  }
+  const double f16_ppl = rows[0]["ppl"].get<double>();
+  EXPECT_NEAR(rows[1]["ppl"].get<double>(), f16_ppl, 1e-3 * f16_ppl);
+  EXPECT_NEAR(rows[3]["ppl"].get<double>(), f16_ppl, 1e-3 * f16_ppl);
+  // Half rank in 4 bits: an F16 scale and minimum and 4 codes per head and token, 48 bits for
+  // 8 elements; and a real loss on this model.
+  EXPECT_EQ(rows[2]["bits_per_element"].get<double>(), 6.0);
+  EXPECT_GT(rows[2]["ppl"].get<double>(), 1.5 * f16_ppl);
+
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {" --profile " + profile + " --lowrank int4", "--lowrank 'int4'"},
+           {" --profile " + profile + " --lowrank r9", "rank 9 is above head_dim 8"},
+           {" --lowrank r4", "give --profile"},
+       }) {
+    const CommandResult bad = RunCli(Base() + args);
+    EXPECT_EQ(bad.exit_code, 1) << args << "\n" << bad.err;
+    EXPECT_EQ(Lines(bad.err), 1) << args << "\n" << bad.err;
+    EXPECT_NE(bad.err.find(message), std::string::npos) << args << "\n" << bad.err;
+    EXPECT_TRUE(bad.out.empty()) << bad.out;
+  }
+}
+
 TEST_F(SweepCliTest, CacheFlagsReachTheBaseConfig) {
   const CommandResult r = RunCli(Base() +
                                  " --k-codec f16 --v-codec f16 --sinks 4 --hadamard-keys "

@@ -333,6 +333,11 @@ RunFn RegisterSweep(CLI::App& app) {
       ->delimiter(',');
   sub->add_flag("--pairs", flags->pairs,
                 "zip --k-codec and --v-codec into pairs instead of every K x V");
+  sub->add_option("--lowrank", flags->lowrank,
+                  "low-rank or latent codecs added as K = V rows, comma-separated (needs "
+                  "--profile): r<rank>[-int4] and e<percent>[-int4] for lowrank-..., or full "
+                  "names such as latent-r8")
+      ->delimiter(',');
   sub->add_option("--policy", flags->policies,
                   "selection policies, comma-separated: full, window, streaming, h2o, tova, "
                   "snapkv, duo (default: the base config's)")

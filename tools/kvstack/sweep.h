@@ -22,6 +22,7 @@ struct SweepFlags {
   std::vector<std::string> k_codecs;
   std::vector<std::string> v_codecs;
   bool pairs = false;
+  std::vector<std::string> lowrank;  // --lowrank: K = V rows of profiled codecs
   std::vector<std::string> policies;
   std::vector<std::string> budgets;
   bool retrieval_probe = false;
@@ -37,7 +38,9 @@ struct SweepFlags {
 
 // The configurations of the sweep: the base with each codec pair, policy and budget
 // substituted ("full" takes no budget, so it appears once per codec pair; an evicting policy
-// needs at least one budget).
+// needs at least one budget). The codec pairs are --k-codec x --v-codec (or zipped with
+// --pairs), then one K = V pair per --lowrank entry: a profiled codec's name, or a low-rank
+// one's without its "lowrank-" (r4, r4-int4, e90).
 absl::StatusOr<std::vector<KvConfig>> BuildGrid(const SweepFlags& flags, const KvConfig& base);
 
 // "k / v", followed by "policy@budget" for evicting configurations.

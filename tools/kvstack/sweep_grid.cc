@@ -5,9 +5,27 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "represent/lowrank_codec.h"
 #include "sweep.h"
 
 namespace kvstack::cli {
+
+namespace {
+
+// The codec a --lowrank entry names: "lowrank-" + entry unless it is already a profiled codec's
+// name (lowrank-... or latent-...).
+absl::StatusOr<std::string> LowRankRowCodec(const std::string& entry) {
+  const std::string name = IsLowRankCodecName(entry) ? entry : "lowrank-" + entry;
+  if (absl::Status status = CheckLowRankCodecName(name); !status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--lowrank '%s': %s (allowed: r<rank>[-int4], e<percent>[-int4], or a full "
+                        "lowrank-... or latent-r<rank>[-int4] name)",
+                        entry, status.message()));
+  }
+  return name;
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<KvConfig>> BuildGrid(const SweepFlags& flags, const KvConfig& base) {
   std::vector<std::string> k_codecs = flags.k_codecs;
@@ -27,6 +45,10 @@ absl::StatusOr<std::vector<KvConfig>> BuildGrid(const SweepFlags& flags, const K
     for (const std::string& k : k_codecs) {
       for (const std::string& v : v_codecs) codecs.emplace_back(k, v);
     }
+  }
+  for (const std::string& entry : flags.lowrank) {
+    KVS_ASSIGN_OR_RETURN(const std::string name, LowRankRowCodec(entry));
+    codecs.emplace_back(name, name);
   }
   std::vector<KvBudget> budgets;
   for (const std::string& text : flags.budgets) {
