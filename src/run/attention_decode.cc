@@ -30,7 +30,6 @@
 #define HWY_TARGET_INCLUDE "run/attention_decode.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // Order matters: foreach_target.h must come before highway.h.
-#include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 #include "run/attention_amx-inl.h"
 #include "run/attention_bf16-inl.h"

@@ -35,7 +35,6 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // Order matters: foreach_target.h must come before highway.h.
 #include "hwy/cache_control.h"
-#include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 #include "run/lane_sums-inl.h"
 #include "run/softmax-inl.h"
