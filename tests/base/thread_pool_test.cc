@@ -7,8 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <thread>
 #include <vector>
 
 namespace kvstack {
@@ -47,6 +49,15 @@ TEST_P(ThreadPoolTest, ThreadIdxInRangeAndNeverShared) {
       }
       if (in_use[thread_idx].exchange(1) != 0) violations.fetch_add(1);
       used[thread_idx].store(1);
+      // Workers hold their first tasks until the caller has run one: on a loaded machine they
+      // could otherwise claim all 200 while the caller is still waking them, and whether the
+      // caller takes part would be left to the scheduler. The caller claims a task whenever
+      // one is left, and at most one per worker is held, so this waits briefly; a caller that
+      // never drains would leave it waiting out the deadline.
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (used[0].load() == 0 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::yield();
+      }
       volatile int64_t sink = 0;  // a little work so that tasks overlap
       for (int i = 0; i < 200; ++i) sink = sink + i * task_idx;
       in_use[thread_idx].store(0);
