@@ -125,13 +125,18 @@ class KvCache {
 
   // The configuration the cache was created with, block_size resolved (never 0).
   const KvConfig& config() const;
-  // The codecs of one layer (after config.layer_codecs overrides).
-  const Codec& k_codec(int layer_idx = 0) const;
-  const Codec& v_codec(int layer_idx = 0) const;
+  // The codecs of one kv head of one layer (after config.layer_codecs and config.head_codecs
+  // overrides).
+  const Codec& k_codec(int layer_idx = 0, int kv_head = 0) const;
+  const Codec& v_codec(int layer_idx = 0, int kv_head = 0) const;
+  // Tokens of one layer that are encoded together (KvLayerView::pending_period): the longest
+  // unit among its kv heads' codecs, a multiple of every other.
+  int unit_period(int layer_idx) const;
   int num_layers() const;
   // K + V bytes of one token in all layers and kv heads at the codecs' sizes: the sum over
-  // layers of num_kv_heads * (k.unit_bytes / Tk + v.unit_bytes / Tv). Fractional when a unit's
-  // bytes do not divide evenly among its tokens. F32 sink and pending buffers not counted.
+  // layers and kv heads of k.unit_bytes / Tk + v.unit_bytes / Tv (a joint unit counted once).
+  // Fractional when a unit's bytes do not divide evenly among its tokens. F32 sink and pending
+  // buffers not counted.
   double bytes_per_token() const;
   // Storage bits per element, averaged over keys and values and all layers.
   double bits_per_element() const;

@@ -114,12 +114,26 @@ struct KvConfig {
     std::string policy;  // empty: the default policy
   };
   std::vector<LayerCodecs> layer_codecs;
+  // Per-kv-head codec choices that replace the layer's codecs for one kv head of one layer,
+  // e.g. a head whose keys have outlier channels kept in int8 while the others are int4. An
+  // empty string keeps the layer's codec. Not with latent codecs (one joint basis per layer).
+  // Flag: --head-codec L:H:K:V (repeatable); TOML: [kv.layer.L.head.H] k_codec=...
+  struct HeadCodecs {
+    int layer_idx = 0;
+    int kv_head = 0;
+    std::string k_codec;
+    std::string v_codec;
+  };
+  std::vector<HeadCodecs> head_codecs;
   // Calibration profile (`kvstack calibrate`) for low-rank and latent codecs. Default: none.
   std::string profile;
 
-  // The codec names of one layer, after overrides.
+  // The codec names of one layer, after layer overrides, and of one kv head of it, after head
+  // overrides.
   const std::string& KCodecOf(int layer_idx) const;
   const std::string& VCodecOf(int layer_idx) const;
+  const std::string& KCodecOf(int layer_idx, int kv_head) const;
+  const std::string& VCodecOf(int layer_idx, int kv_head) const;
   const std::string& PolicyOf(int layer_idx) const;
   // Whether some layer's policy evicts (is not "full").
   bool evicts() const;
@@ -141,8 +155,9 @@ absl::Status ValidateKvConfig(const KvConfig& config);
 // capacity, max_sequences, policy, sink_tokens, recent_tokens, hadamard_keys, profile, budget
 // (integer tokens or a string as ParseKvBudget takes), layer_budget, head_budget, evict_step,
 // policy_sinks, policy_recent, observation_window, pool_kernel, score_aggregation, positions,
-// head_profile, retrieval_fraction — at top level or under a [kv] table — and [kv.layer.N]
-// tables with k_codec / v_codec / policy. Unknown keys
+// head_profile, retrieval_fraction — at top level or under a [kv] table — [kv.layer.N]
+// tables with k_codec / v_codec / policy, and [kv.layer.N.head.H] tables with k_codec /
+// v_codec. Unknown keys
 // are an error (a typo must not silently leave a default in place). The result is validated.
 absl::StatusOr<KvConfig> ParseKvConfigToml(std::string_view toml_text);
 // Reads and parses a TOML file; errors name the path.

@@ -18,6 +18,9 @@
 //   base + b * block_stride + h * head_stride, one unit every unit_bytes.
 // KvCache's arenas are head-major (head_stride = num_blocks * block_stride): a head's blocks
 // with consecutive ids are adjacent, so a sequence allocated in order reads as one run per head.
+// A layer whose kv heads use different codecs (KvConfig::head_codecs) has no one head_stride:
+// its view lists one arena per head (head_k, head_v), and readers take head h's through
+// KeyArena(h) / ValueArena(h) or HeadView(h).
 // Contiguous: one block of `capacity` slots, first_slot 0. Paged: many blocks, first_slot 0.
 // Ring: one block of `capacity` slots; first_slot moves once the ring has wrapped.
 #pragma once
@@ -113,22 +116,36 @@ struct KvLayerView {
   // The cache's kv head that this view's head 0 is (non-zero in a HeadView): codecs with
   // per-head parameters (low-rank bases) are called with first_kv_head + h.
   int first_kv_head = 0;
+  // Per-kv-head arenas, [num_kv_heads] each, of a layer whose heads do not all use the same
+  // codecs: head h's keys are in head_k[h] and its values in head_v[h], each a one-head arena
+  // (its units at Unit(block, unit, 0)). Then k and v are head 0's and no reader may address
+  // another head through them. Empty: every head is in k and v at its head_stride.
+  std::span<const KvArenaView> head_k;
+  std::span<const KvArenaView> head_v;
 
   int HeadTokens(int kv_head) const {
     return head_tokens.empty() ? num_tokens : head_tokens[kv_head];
   }
-  // Whether every kv head holds all num_tokens tokens (what the attention kernels read).
+  // Whether the kv heads use different codecs (head_k and head_v are set).
+  bool mixed_codecs() const { return !head_k.empty(); }
+  // Whether the attention kernels can read the view whole: every kv head holds all num_tokens
+  // tokens, in arenas of one codec. Otherwise each head is read as its own HeadView.
   bool uniform_heads() const {
-    return std::all_of(head_tokens.begin(), head_tokens.end(),
-                       [&](int32_t n) { return n == num_tokens; });
+    return !mixed_codecs() && std::all_of(head_tokens.begin(), head_tokens.end(),
+                                          [&](int32_t n) { return n == num_tokens; });
   }
+  // The one-head arena of kv head `kv_head`'s keys or values: its units at Unit(block, unit, 0).
+  KvArenaView KeyArena(int kv_head) const { return OneHead(k, head_k, kv_head); }
+  KvArenaView ValueArena(int kv_head) const { return OneHead(v, head_v, kv_head); }
   // The one-head view of kv head `kv_head`, holding its HeadTokens(kv_head) tokens.
   KvLayerView HeadView(int kv_head) const {
     KVS_DCHECK(0 <= kv_head && kv_head < num_kv_heads);
     KvLayerView one = *this;
     const int n = HeadTokens(kv_head);
-    one.k.base += static_cast<size_t>(kv_head) * k.head_stride;
-    one.v.base += static_cast<size_t>(kv_head) * v.head_stride;
+    one.k = KeyArena(kv_head);
+    one.v = ValueArena(kv_head);
+    one.head_k = {};
+    one.head_v = {};
     one.num_tokens = n;
     one.num_kv_heads = 1;
     one.head_tokens = {};
@@ -173,6 +190,16 @@ struct KvLayerView {
       fn(i, count, block_table[slot / block_size], row);
       i += count;
     }
+  }
+
+ private:
+  KvArenaView OneHead(const KvArenaView& whole, std::span<const KvArenaView> per_head,
+                      int kv_head) const {
+    KVS_DCHECK(0 <= kv_head && kv_head < num_kv_heads);
+    if (!per_head.empty()) return per_head[kv_head];
+    KvArenaView one = whole;
+    one.base += static_cast<size_t>(kv_head) * whole.head_stride;
+    return one;
   }
 };
 

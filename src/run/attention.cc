@@ -48,6 +48,7 @@ void Attention(const KvLayerView& view, const float* q, int num_queries,
   KVS_CHECK(params.num_heads > 0 && params.num_heads % view.num_kv_heads == 0);
   KVS_CHECK(0 <= num_queries && num_queries <= view.num_tokens);
   KVS_CHECK(!view.keys_rotated || IsPowerOfTwo(view.head_dim));
+  KVS_CHECK(!view.mixed_codecs() && "per-head codecs: read each HeadView (AttentionAnyHeads)");
   if (num_queries == 0) return;
   if (LowRankFormApplies(view, scores))
     return LowRankAttention(view, q, num_queries, params, out, pool);

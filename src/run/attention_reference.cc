@@ -18,30 +18,32 @@
 namespace kvstack {
 namespace {
 
-// Decodes logical tokens [begin, end) of one arena into dst: [num_tokens][num_kv_heads][hd].
-void DecodeArena(const KvLayerView& view, const KvArenaView& arena, int begin, int end,
-                 double* dst) {
-  KVS_CHECK(arena.codec_impl != nullptr && "the reference decodes with the view's codec_impl");
-  KVS_CHECK(arena.codec_impl->id() == arena.codec);
-  KVS_CHECK(arena.codec_impl->unit_bytes() == arena.unit_bytes);
-  KVS_CHECK(arena.codec_impl->group_tokens() == arena.group_tokens);
+// Decodes logical tokens [begin, end) of the keys or the values in the arenas into dst:
+// [num_tokens][num_kv_heads][hd]. Each kv head through its own arena (KeyArena / ValueArena),
+// so that views whose heads use different codecs read alike.
+void DecodeArena(const KvLayerView& view, bool keys, int begin, int end, double* dst) {
   const int head_dim = view.head_dim;
-  const int group_tokens = arena.group_tokens;
   const size_t row_elems = static_cast<size_t>(view.num_kv_heads) * head_dim;
-  std::vector<float> unit(static_cast<size_t>(group_tokens) * head_dim);
-  view.ForEachRun(begin, end, [&](int logical, int count, int32_t block_id, int row) {
-    for (int r = 0; r < count; ++r) {
-      const int slot_row = row + r;
-      for (int h = 0; h < view.num_kv_heads; ++h) {
+  for (int h = 0; h < view.num_kv_heads; ++h) {
+    const KvArenaView arena = keys ? view.KeyArena(h) : view.ValueArena(h);
+    KVS_CHECK(arena.codec_impl != nullptr && "the reference decodes with the view's codec_impl");
+    KVS_CHECK(arena.codec_impl->id() == arena.codec);
+    KVS_CHECK(arena.codec_impl->unit_bytes() == arena.unit_bytes);
+    KVS_CHECK(arena.codec_impl->group_tokens() == arena.group_tokens);
+    const int group_tokens = arena.group_tokens;
+    std::vector<float> unit(static_cast<size_t>(group_tokens) * head_dim);
+    view.ForEachRun(begin, end, [&](int logical, int count, int32_t block_id, int row) {
+      for (int r = 0; r < count; ++r) {
+        const int slot_row = row + r;
         arena.codec_impl->DecodeHead(
             view.first_kv_head + h,
-            {arena.Unit(block_id, slot_row / group_tokens, h), arena.unit_bytes}, unit);
+            {arena.Unit(block_id, slot_row / group_tokens, 0), arena.unit_bytes}, unit);
         const float* src = unit.data() + static_cast<size_t>(slot_row % group_tokens) * head_dim;
         double* out = dst + (logical + r) * row_elems + static_cast<size_t>(h) * head_dim;
         std::copy(src, src + head_dim, out);
       }
-    }
-  });
+    });
+  }
 }
 
 // Copies logical tokens [begin, end) of an F32 segment into dst (same shape as above).
@@ -80,8 +82,8 @@ void AttentionReference(const KvLayerView& view, const float* q, int num_queries
   std::vector<double> keys(num_tokens * row_elems), values(num_tokens * row_elems);
   CopySegment(view, view.sinks, true, 0, arena_begin, keys.data());
   CopySegment(view, view.sinks, false, 0, arena_begin, values.data());
-  DecodeArena(view, view.k, arena_begin, arena_end, keys.data());
-  DecodeArena(view, view.v, arena_begin, arena_end, values.data());
+  DecodeArena(view, true, arena_begin, arena_end, keys.data());
+  DecodeArena(view, false, arena_begin, arena_end, values.data());
   CopySegment(view, view.pending, true, arena_end, num_tokens, keys.data());
   CopySegment(view, view.pending, false, arena_end, num_tokens, values.data());
 

@@ -90,6 +90,7 @@ KvConfig ReferenceConfig(const KvConfig& config) {
   reference.k_codec = "f32";
   reference.v_codec = "f32";
   reference.layer_codecs.clear();
+  reference.head_codecs.clear();
   reference.sink_tokens = 0;
   reference.hadamard_keys = false;
   reference.recent_tokens = 0;

@@ -156,8 +156,7 @@ absl::Status Evictor::EndLayerStep(SeqId seq_id, int layer_idx, KvCache& cache) 
   SelectLayer(*layer.policy, split_, inputs, layer.budget + 1 - layer.step, &keep);
   // Codecs whose units group tokens: whole units go or stay where the budget allows, so the
   // cache moves kept units as bytes instead of re-rounding units that lost some tokens.
-  const int period =
-      std::lcm(cache.k_codec(layer_idx).group_tokens(), cache.v_codec(layer_idx).group_tokens());
+  const int period = cache.unit_period(layer_idx);
   if (period > 1) {
     for (size_t i = 0; i < heads.size(); ++i) {
       const int held = state.HeadTokens(layer_idx, heads[i]);

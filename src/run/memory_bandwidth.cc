@@ -107,7 +107,7 @@ double MeasureReadBandwidth(size_t bytes, int repetitions, ThreadPool* pool) {
 }
 
 double MeasureDecodeReadRate(const KvLayerView& view, int repetitions, ThreadPool* pool) {
-  KVS_CHECK(repetitions >= 1 && view.head_tokens.empty());
+  KVS_CHECK(repetitions >= 1 && view.head_tokens.empty() && !view.mixed_codecs());
   constexpr int kTile = 256;  // tokens: the decode kernel's tile (attention_readers-inl.h)
   const int begin = view.arena_begin(), end = view.arena_end();
   const bool joint = view.v.codec_impl != nullptr && view.v.codec_impl->joint();
@@ -160,9 +160,9 @@ double MeasureDecodeReadRate(const KvLayerView& view, int repetitions, ThreadPoo
 }
 
 size_t DecodeBytesRead(const KvLayerView& view) {
-  // After an eviction heads hold different numbers of tokens: each is read as its own view
-  // (whose head_tokens is empty, so this recursion is one level deep).
-  if (!view.head_tokens.empty()) {
+  // After an eviction heads hold different numbers of tokens, and heads may use different
+  // codecs: each is then read as its own view (uniform, so this recursion is one level deep).
+  if (!view.uniform_heads()) {
     size_t bytes = 0;
     for (int h = 0; h < view.num_kv_heads; ++h) bytes += DecodeBytesRead(view.HeadView(h));
     return bytes;

@@ -51,6 +51,39 @@ absl::StatusOr<ArenaPtr> AllocateArena(size_t bytes) {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Bytes of one kv head's units of `codec` in one block of `block_size` token slots.
+size_t HeadBlockBytes(const Codec& codec, int block_size) {
+  return static_cast<size_t>(block_size / codec.group_tokens()) * codec.unit_bytes();
+}
+
+// The one-head arenas of one side of a layer, [num_kv_heads]: head h read with codecs[h], its
+// region of `base` laid out by layouts[h] (the codec whose units it holds: the key codec for a
+// joint layer's values), after the regions of heads 0..h-1. Head-major: a sequence's blocks,
+// allocated in order from a fresh pool, give each kv head one contiguous run of bytes, which
+// decode reads much faster than 4 KiB pieces a block apart (bf16, 64k tokens, 2 threads on
+// Zen 4: 16-17 instead of 24-31 ms per step; docs/representation-speed.md). When every head has
+// the same codecs (not mixed), head_stride is the distance between two heads' regions.
+std::vector<KvArenaView> HeadArenas(const std::byte* base, std::span<const Codec* const> codecs,
+                                    std::span<const Codec* const> layouts, int block_size,
+                                    int32_t num_blocks, bool mixed) {
+  std::vector<KvArenaView> heads;
+  size_t offset = 0;
+  for (size_t h = 0; h < codecs.size(); ++h) {
+    const Codec& codec = *codecs[h];
+    const size_t block_bytes = HeadBlockBytes(*layouts[h], block_size);
+    const size_t region_bytes = static_cast<size_t>(num_blocks) * block_bytes;
+    heads.push_back(KvArenaView{.base = base + offset,
+                                .block_stride = block_bytes,
+                                .head_stride = mixed ? 0 : region_bytes,
+                                .unit_bytes = codec.unit_bytes(),
+                                .group_tokens = codec.group_tokens(),
+                                .codec = codec.id(),
+                                .codec_impl = &codec});
+    offset += region_bytes;
+  }
+  return heads;
+}
+
 using CodecFactory = std::function<absl::StatusOr<std::unique_ptr<Codec>>(
     std::string_view name, int head_dim, CodecRole role)>;
 
@@ -58,17 +91,19 @@ using CodecFactory = std::function<absl::StatusOr<std::unique_ptr<Codec>>(
 
 namespace {
 
-// The period of a layer whose codecs are `k` and `v`: tokens that stay pending until their
-// units fill. Checks that the units fit the layout.
-absl::StatusOr<int> UnitPeriod(const Codec& k, const Codec& v, const KvConfig& config,
+// The period of a layer whose kv heads' key and value codecs are `codecs`: tokens that stay
+// pending until their units fill. Checks that the units fit the layout.
+absl::StatusOr<int> UnitPeriod(std::span<const Codec* const> codecs, const KvConfig& config,
                                int layer_idx) {
-  const Codec& wide = k.group_tokens() >= v.group_tokens() ? k : v;
-  const Codec& narrow = &wide == &k ? v : k;
+  const Codec& wide = **std::max_element(codecs.begin(), codecs.end(), [](auto* a, auto* b) {
+    return a->group_tokens() < b->group_tokens();
+  });
   const int period = wide.group_tokens();
-  if (period % narrow.group_tokens() != 0) {
+  for (const Codec* narrow : codecs) {
+    if (period % narrow->group_tokens() == 0) continue;
     return absl::InvalidArgumentError(absl::StrCat(
         "kv cache: layer ", layer_idx, ": codec '", std::string(wide.name()), "' groups ", period,
-        " tokens and codec '", std::string(narrow.name()), "' groups ", narrow.group_tokens(),
+        " tokens and codec '", std::string(narrow->name()), "' groups ", narrow->group_tokens(),
         "; allowed: unit sizes of which one is a multiple of the other"));
   }
   if (period > 1 && config.layout == LayoutKind::kRing) {
@@ -120,6 +155,15 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
           options.num_layers, "; allowed: layers 0..", options.num_layers - 1));
     }
   }
+  for (const KvConfig::HeadCodecs& entry : config.head_codecs) {
+    if (entry.layer_idx >= options.num_layers || entry.kv_head >= options.num_kv_heads) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("kv cache: head_codecs names kv head ", entry.kv_head, " of layer ",
+                       entry.layer_idx, " but the model has ", options.num_layers, " layers of ",
+                       options.num_kv_heads, " kv heads; allowed: layers 0..",
+                       options.num_layers - 1, ", kv heads 0..", options.num_kv_heads - 1));
+    }
+  }
   if (config.hadamard_keys && !IsPowerOfTwo(options.head_dim)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "kv cache: hadamard_keys needs head_dim a power of two; head_dim is ", options.head_dim));
@@ -134,8 +178,10 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
   std::optional<KvProfile> profile;
   bool any_low_rank = false;
   for (int layer_idx = 0; layer_idx < options.num_layers; ++layer_idx) {
-    any_low_rank = any_low_rank || IsLowRankCodecName(config.KCodecOf(layer_idx)) ||
-                   IsLowRankCodecName(config.VCodecOf(layer_idx));
+    for (int h = 0; h < options.num_kv_heads; ++h) {
+      any_low_rank = any_low_rank || IsLowRankCodecName(config.KCodecOf(layer_idx, h)) ||
+                     IsLowRankCodecName(config.VCodecOf(layer_idx, h));
+    }
   }
   if (any_low_rank) {
     if (config.profile.empty()) {
@@ -153,26 +199,50 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
     if (!IsLowRankCodecName(name)) return registry(name, options.head_dim, role);
     return CreateProfiledCodec(name, *profile, layer_idx, role);
   };
+  auto check_key_codec = [&](const std::string& name, int layer_idx) -> absl::Status {
+    if (!config.hadamard_keys || !IsLowRankCodecName(name)) return absl::OkStatus();
+    // The rotation would put keys in another basis than the calibrated one, and gains
+    // nothing: a PCA basis turns with the keys.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv cache: hadamard_keys with key codec '", name, "' (layer ", layer_idx,
+        "): its basis was calibrated on unrotated keys; allowed: hadamard_keys with key codecs "
+        "that need no profile"));
+  };
   std::vector<Impl::Layer> layers(options.num_layers);
+  // Each kv head's codecs per layer, [num_layers][num_kv_heads]: the layer's, or its override's.
+  std::vector<std::vector<const Codec*>> k_of_head(options.num_layers),
+      v_of_head(options.num_layers);
   int64_t period_lcm = 1;  // every layer's units must fit a contiguous region
   for (int layer_idx = 0; layer_idx < options.num_layers; ++layer_idx) {
     Impl::Layer& layer = layers[layer_idx];
     KVS_RETURN_IF_ERROR(CheckLatentPair(config.KCodecOf(layer_idx), config.VCodecOf(layer_idx)));
-    if (config.hadamard_keys && IsLowRankCodecName(config.KCodecOf(layer_idx))) {
-      // The rotation would put keys in another basis than the calibrated one, and gains
-      // nothing: a PCA basis turns with the keys.
-      return absl::InvalidArgumentError(
-          absl::StrCat("kv cache: hadamard_keys with key codec '", config.KCodecOf(layer_idx),
-                       "' (layer ", layer_idx,
-                       "): its basis was calibrated on unrotated keys; allowed: hadamard_keys with "
-                       "key codecs that need no profile"));
-    }
+    KVS_RETURN_IF_ERROR(check_key_codec(config.KCodecOf(layer_idx), layer_idx));
     KVS_ASSIGN_OR_RETURN(layer.k_codec,
                          make_codec(config.KCodecOf(layer_idx), layer_idx, CodecRole::kKey));
     KVS_ASSIGN_OR_RETURN(layer.v_codec,
                          make_codec(config.VCodecOf(layer_idx), layer_idx, CodecRole::kValue));
-    KVS_ASSIGN_OR_RETURN(layer.period,
-                         UnitPeriod(*layer.k_codec, *layer.v_codec, config, layer_idx));
+    // A head override naming the layer's own codec shares it.
+    auto head_codec = [&](const std::string& name, const std::unique_ptr<Codec>& layer_codec,
+                          CodecRole role) -> absl::StatusOr<const Codec*> {
+      if (name == layer_codec->name()) return layer_codec.get();
+      KVS_ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, make_codec(name, layer_idx, role));
+      layer.head_codecs.push_back(std::move(codec));
+      return layer.head_codecs.back().get();
+    };
+    std::vector<const Codec*> all_codecs;
+    for (int h = 0; h < options.num_kv_heads; ++h) {
+      KVS_RETURN_IF_ERROR(check_key_codec(config.KCodecOf(layer_idx, h), layer_idx));
+      KVS_ASSIGN_OR_RETURN(const Codec* k, head_codec(config.KCodecOf(layer_idx, h), layer.k_codec,
+                                                      CodecRole::kKey));
+      KVS_ASSIGN_OR_RETURN(const Codec* v, head_codec(config.VCodecOf(layer_idx, h), layer.v_codec,
+                                                      CodecRole::kValue));
+      k_of_head[layer_idx].push_back(k);
+      v_of_head[layer_idx].push_back(v);
+      all_codecs.insert(all_codecs.end(), {k, v});
+      layer.mixed = layer.mixed || k->name() != k_of_head[layer_idx][0]->name() ||
+                    v->name() != v_of_head[layer_idx][0]->name();
+    }
+    KVS_ASSIGN_OR_RETURN(layer.period, UnitPeriod(all_codecs, config, layer_idx));
     period_lcm = std::lcm(period_lcm, int64_t{layer.period});
   }
 
@@ -198,12 +268,15 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
                   block_size
             : static_cast<Wide>(config.max_sequences);
   const Wide total_slots = num_blocks * block_size;
-  Wide block_bytes = 0;  // one block in every layer, keys and values
-  for (const Impl::Layer& layer : layers) {
-    block_bytes += block_size / layer.k_codec->group_tokens() * layer.k_codec->unit_bytes();
-    block_bytes += block_size / layer.v_codec->group_tokens() * layer.v_arena_unit_bytes();
+  Wide block_bytes = 0;  // one block in every layer and kv head, keys and values
+  for (int layer_idx = 0; layer_idx < options.num_layers; ++layer_idx) {
+    for (int h = 0; h < options.num_kv_heads; ++h) {
+      block_bytes += HeadBlockBytes(*k_of_head[layer_idx][h], static_cast<int>(block_size));
+      if (layers[layer_idx].joint()) continue;
+      block_bytes += HeadBlockBytes(*v_of_head[layer_idx][h], static_cast<int>(block_size));
+    }
   }
-  const Wide reserved = num_blocks * options.num_kv_heads * block_bytes;
+  const Wide reserved = num_blocks * block_bytes;
   if (reserved > kMaxReservedBytes || total_slots > std::numeric_limits<int32_t>::max()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "kv cache: ", config.ToString(), " with num_layers=", options.num_layers,
@@ -217,14 +290,25 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
   impl->options = options;
   impl->options.config.block_size = static_cast<int>(config_block_size);
   impl->block_size = static_cast<int>(block_size);
-  for (Impl::Layer& layer : layers) {
-    layer.k_head_block_bytes =
-        (impl->block_size / layer.k_codec->group_tokens()) * layer.k_codec->unit_bytes();
-    layer.v_head_block_bytes =
-        (impl->block_size / layer.v_codec->group_tokens()) * layer.v_arena_unit_bytes();
-    const size_t head_blocks = static_cast<size_t>(num_blocks) * options.num_kv_heads;
-    KVS_ASSIGN_OR_RETURN(layer.k, AllocateArena(head_blocks * layer.k_head_block_bytes));
-    KVS_ASSIGN_OR_RETURN(layer.v, AllocateArena(head_blocks * layer.v_head_block_bytes));
+  for (int layer_idx = 0; layer_idx < options.num_layers; ++layer_idx) {
+    Impl::Layer& layer = layers[layer_idx];
+    const auto arena_bytes = [&](std::span<const Codec* const> codecs) {
+      size_t bytes = 0;
+      for (const Codec* codec : codecs) bytes += HeadBlockBytes(*codec, impl->block_size);
+      return bytes * static_cast<size_t>(num_blocks);
+    };
+    KVS_ASSIGN_OR_RETURN(layer.k, AllocateArena(arena_bytes(k_of_head[layer_idx])));
+    layer.k_heads = HeadArenas(layer.k.get(), k_of_head[layer_idx], k_of_head[layer_idx],
+                               impl->block_size, impl->pool.num_blocks(), layer.mixed);
+    if (layer.joint()) {
+      // The values are read from the key units: the key arena's layout, the value codec.
+      layer.v_heads = HeadArenas(layer.k.get(), v_of_head[layer_idx], k_of_head[layer_idx],
+                                 impl->block_size, impl->pool.num_blocks(), layer.mixed);
+    } else {
+      KVS_ASSIGN_OR_RETURN(layer.v, AllocateArena(arena_bytes(v_of_head[layer_idx])));
+      layer.v_heads = HeadArenas(layer.v.get(), v_of_head[layer_idx], v_of_head[layer_idx],
+                                 impl->block_size, impl->pool.num_blocks(), layer.mixed);
+    }
   }
   impl->layers = std::move(layers);
   return std::unique_ptr<KvCache>(new KvCache(std::move(impl)));
@@ -383,23 +467,34 @@ int KvCache::HeadTokens(SeqId seq_id, int layer_idx, int kv_head) const {
 }
 
 const KvConfig& KvCache::config() const { return impl_->options.config; }
-const Codec& KvCache::k_codec(int layer_idx) const {
+const Codec& KvCache::k_codec(int layer_idx, int kv_head) const {
   KVS_CHECK(layer_idx >= 0 && layer_idx < num_layers());
-  return *impl_->layers[layer_idx].k_codec;
+  KVS_CHECK(kv_head >= 0 && kv_head < impl_->options.num_kv_heads);
+  return *impl_->layers[layer_idx].k_heads[kv_head].codec_impl;
 }
-const Codec& KvCache::v_codec(int layer_idx) const {
+const Codec& KvCache::v_codec(int layer_idx, int kv_head) const {
   KVS_CHECK(layer_idx >= 0 && layer_idx < num_layers());
-  return *impl_->layers[layer_idx].v_codec;
+  KVS_CHECK(kv_head >= 0 && kv_head < impl_->options.num_kv_heads);
+  return *impl_->layers[layer_idx].v_heads[kv_head].codec_impl;
+}
+int KvCache::unit_period(int layer_idx) const {
+  KVS_CHECK(layer_idx >= 0 && layer_idx < num_layers());
+  return impl_->layers[layer_idx].period;
 }
 int KvCache::num_layers() const { return impl_->options.num_layers; }
 
 double KvCache::bytes_per_token() const {
   double bytes = 0.0;
   for (const Impl::Layer& layer : impl_->layers) {
-    bytes += static_cast<double>(layer.k_codec->unit_bytes()) / layer.k_codec->group_tokens();
-    bytes += static_cast<double>(layer.v_arena_unit_bytes()) / layer.v_codec->group_tokens();
+    // A joint layer's value units are its key units: counted once.
+    for (const auto* side : {&layer.k_heads, &layer.v_heads}) {
+      if (side == &layer.v_heads && layer.joint()) continue;
+      for (const KvArenaView& head : *side) {
+        bytes += static_cast<double>(head.unit_bytes) / head.group_tokens;
+      }
+    }
   }
-  return bytes * impl_->options.num_kv_heads;
+  return bytes;
 }
 
 double KvCache::bits_per_element() const {
@@ -410,10 +505,7 @@ double KvCache::bits_per_element() const {
 
 size_t KvCache::bytes_reserved() const {
   size_t block_bytes = 0;
-  for (const Impl::Layer& layer : impl_->layers) {
-    block_bytes +=
-        impl_->options.num_kv_heads * (layer.k_head_block_bytes + layer.v_head_block_bytes);
-  }
+  for (const Impl::Layer& layer : impl_->layers) block_bytes += layer.BlockBytes();
   return static_cast<size_t>(impl_->pool.num_blocks()) * block_bytes;
 }
 

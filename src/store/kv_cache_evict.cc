@@ -125,36 +125,39 @@ void KvCache::Impl::MoveRows(int layer_idx, const KvLayerView& view, int kv_head
                              std::span<const int> keep, int first_moved,
                              const KeyRewrite& rewrite) {
   Layer& layer = layers[layer_idx];
-  // The mutable bytes of one row: the view's const address, offset into this layer's arena.
+  const KvArenaView k_arena = view.KeyArena(kv_head), v_arena = view.ValueArena(kv_head);
+  // The mutable bytes of one row: the view's const address, in this layer's arena.
   auto row_of = [&](const ArenaPtr& arena, const KvArenaView& arena_view, int logical) {
-    return arena.get() + (view.UnitOf(arena_view, logical, kv_head) - arena_view.base);
+    return Layer::Mutable(arena, view.UnitOf(arena_view, logical, 0));
   };
-  const Codec& k_codec = *layer.k_codec;
+  const Codec& k_codec = *k_arena.codec_impl;
   const bool rotated = options.config.hadamard_keys;
   // A joint (latent) unit holds the value too: it moves, and is re-encoded, with the key.
   const bool joint = layer.joint();
+  const size_t k_bytes = k_arena.unit_bytes;
   std::vector<float> key(options.head_dim), value(options.head_dim);
   for (int i = first_moved; i < static_cast<int>(keep.size()); ++i) {
-    std::byte* k_src = row_of(layer.k, view.k, keep[i]);
-    std::byte* k_dst = row_of(layer.k, view.k, i);
+    std::byte* k_src = row_of(layer.k, k_arena, keep[i]);
+    std::byte* k_dst = row_of(layer.k, k_arena, i);
     if (rewrite) {
       // H is orthonormal and symmetric, so applying it again undoes it: the callback sees the
       // key as the model wrote it, and the result is stored rotated like every other key.
-      k_codec.DecodeHead(kv_head, {k_src, view.k.unit_bytes}, key);
-      if (joint) layer.v_codec->DecodeHead(kv_head, {k_src, view.k.unit_bytes}, value);
+      k_codec.DecodeHead(kv_head, {k_src, k_bytes}, key);
+      if (joint) v_arena.codec_impl->DecodeHead(kv_head, {k_src, k_bytes}, value);
       if (rotated) HadamardRotate(key);
       rewrite(keep[i], i, key);
       if (rotated) HadamardRotate(key);
       if (joint) {
-        k_codec.EncodeJointHead(kv_head, key, value, {k_dst, view.k.unit_bytes});
+        k_codec.EncodeJointHead(kv_head, key, value, {k_dst, k_bytes});
       } else {
-        k_codec.EncodeHead(kv_head, key, {k_dst, view.k.unit_bytes});
+        k_codec.EncodeHead(kv_head, key, {k_dst, k_bytes});
       }
     } else {
-      std::memcpy(k_dst, k_src, view.k.unit_bytes);
+      std::memcpy(k_dst, k_src, k_bytes);
     }
     if (!joint) {
-      std::memcpy(row_of(layer.v, view.v, i), row_of(layer.v, view.v, keep[i]), view.v.unit_bytes);
+      std::memcpy(row_of(layer.v, v_arena, i), row_of(layer.v, v_arena, keep[i]),
+                  v_arena.unit_bytes);
     }
   }
 }
@@ -179,31 +182,32 @@ void KvCache::Impl::RewriteThroughF32(Sequence& seq, int layer_idx, const KvLaye
     return src % period == 0 && keep[first + period - 1] == src + period - 1 &&
            src + period <= old_encoded_end && !(rewrite && first + period > first_moved);
   };
+  const KvArenaView k_arena = view.KeyArena(kv_head), v_arena = view.ValueArena(kv_head);
   auto period_bytes = [&](const ArenaPtr& arena, const KvArenaView& arena_view, int first) {
-    return arena.get() + (view.UnitOf(arena_view, first, kv_head) - arena_view.base);
+    return Layer::Mutable(arena, view.UnitOf(arena_view, first, 0));
   };
   auto pending_row = [&](std::vector<float>& buffer, int logical) {
     return buffer.data() +
            (static_cast<size_t>(kv_head) * PendingRows(layer) + logical % PendingRows(layer)) *
                head_dim;
   };
-  // One arena's decoded unit, kept while consecutive sources fall in it (they ascend).
+  // One head's arena's decoded unit, kept while consecutive sources fall in it (they ascend).
   struct DecodedUnit {
-    const KvArenaView* arena;
+    const KvArenaView* arena;  // one-head
     std::vector<float> rows;
     int first = -1;
     const float* Row(const KvLayerView& v, int kv_head, int logical) {
       const int unit_first = logical - logical % arena->group_tokens;
       if (unit_first != first) {
         rows.resize(static_cast<size_t>(arena->group_tokens) * v.head_dim);
-        arena->codec_impl->DecodeHead(
-            kv_head, {v.UnitOf(*arena, unit_first, kv_head), arena->unit_bytes}, rows);
+        arena->codec_impl->DecodeHead(kv_head, {v.UnitOf(*arena, unit_first, 0), arena->unit_bytes},
+                                      rows);
         first = unit_first;
       }
       return rows.data() + static_cast<size_t>(logical - first) * v.head_dim;
     }
   };
-  DecodedUnit k_unit{&view.k, {}, -1}, v_unit{&view.v, {}, -1};
+  DecodedUnit k_unit{&k_arena, {}, -1}, v_unit{&v_arena, {}, -1};
 
   // Gather the kept tokens [first_written, num_kept) that do not move as whole periods, in F32
   // (keys rotated as stored), before anything is written.
@@ -248,14 +252,15 @@ void KvCache::Impl::RewriteThroughF32(Sequence& seq, int layer_idx, const KvLaye
   for (int first = first_written; first < new_encoded_end; first += period) {
     if (moves_whole(first)) {
       if (keep[first] == first) continue;
-      const size_t k_bytes = static_cast<size_t>(period / view.k.group_tokens) * view.k.unit_bytes;
-      std::memcpy(period_bytes(layer.k, view.k, first), period_bytes(layer.k, view.k, keep[first]),
-                  k_bytes);
+      const size_t k_bytes =
+          static_cast<size_t>(period / k_arena.group_tokens) * k_arena.unit_bytes;
+      std::memcpy(period_bytes(layer.k, k_arena, first),
+                  period_bytes(layer.k, k_arena, keep[first]), k_bytes);
       if (!layer.joint()) {
         const size_t v_bytes =
-            static_cast<size_t>(period / view.v.group_tokens) * view.v.unit_bytes;
-        std::memcpy(period_bytes(layer.v, view.v, first),
-                    period_bytes(layer.v, view.v, keep[first]), v_bytes);
+            static_cast<size_t>(period / v_arena.group_tokens) * v_arena.unit_bytes;
+        std::memcpy(period_bytes(layer.v, v_arena, first),
+                    period_bytes(layer.v, v_arena, keep[first]), v_bytes);
       }
       continue;
     }

@@ -45,30 +45,49 @@ struct KvCache::Impl {
     std::vector<SideBuffers> layers;  // [num_layers]
   };
   struct Layer {
+    // The layer's codecs (after config.layer_codecs overrides): every kv head's but those
+    // config.head_codecs gives their own, which head_codecs owns.
     std::unique_ptr<Codec> k_codec;
     std::unique_ptr<Codec> v_codec;
-    int period = 1;  // lcm(Tk, Tv) = max(Tk, Tv): tokens held pending until their units fill
-    // Bytes of one kv head's units in one block. Arenas are head-major,
-    // [num_kv_heads][num_blocks][units], so that a head's consecutive blocks are adjacent
-    // (ArenaView).
-    size_t k_head_block_bytes = 0;
-    size_t v_head_block_bytes = 0;
+    std::vector<std::unique_ptr<Codec>> head_codecs;
+    // Tokens held pending until every unit of the period fills: the longest unit of any head's
+    // codecs (the others divide it).
+    int period = 1;
+    // Each kv head's one-head arena of keys and of values, [num_kv_heads]: its codec, unit size
+    // and region. Arenas are head-major, [num_kv_heads][num_blocks][units of the head's codec]:
+    // a head's consecutive blocks are adjacent, and its region follows the previous head's.
+    // When every head has the layer's codecs, head_stride is the distance between two heads.
+    std::vector<KvArenaView> k_heads;
+    std::vector<KvArenaView> v_heads;
+    bool mixed = false;  // some kv head's codecs differ from another's
     ArenaPtr k;
     ArenaPtr v;
 
     // A joint (latent) layer encodes a token's key and value together into the key arena's
-    // unit: its value arena is empty and its value view reads the key arena (codec.h).
+    // unit: its value arena is empty and its value views read the key arena (codec.h). Latent
+    // codecs are never chosen per head, so a layer is joint in every head or in none.
     bool joint() const { return k_codec->joint(); }
-    // Bytes of one value unit in the value arena.
-    size_t v_arena_unit_bytes() const { return joint() ? 0 : v_codec->unit_bytes(); }
     // The arena a value view reads.
     const ArenaPtr& v_arena() const { return joint() ? k : v; }
+    // The mutable bytes at `address`, an address inside `arena` read through a view.
+    static std::byte* Mutable(const ArenaPtr& arena, const std::byte* address) {
+      return arena.get() + (address - arena.get());
+    }
+    // Bytes of one block in every kv head, keys and values (what the value arena holds).
+    size_t BlockBytes() const {
+      size_t bytes = 0;
+      for (const KvArenaView& head : k_heads) bytes += head.block_stride;
+      if (joint()) return bytes;
+      for (const KvArenaView& head : v_heads) bytes += head.block_stride;
+      return bytes;
+    }
     // Encodes one head's keys and values into their units (v_dst is not written when joint).
     void EncodeHead(int kv_head, std::span<const float> k_src, std::span<const float> v_src,
                     std::span<std::byte> k_dst, std::span<std::byte> v_dst) const {
-      if (joint()) return k_codec->EncodeJointHead(kv_head, k_src, v_src, k_dst);
-      k_codec->EncodeHead(kv_head, k_src, k_dst);
-      v_codec->EncodeHead(kv_head, v_src, v_dst);
+      const Codec& k_head_codec = *k_heads[kv_head].codec_impl;
+      if (joint()) return k_head_codec.EncodeJointHead(kv_head, k_src, v_src, k_dst);
+      k_head_codec.EncodeHead(kv_head, k_src, k_dst);
+      v_heads[kv_head].codec_impl->EncodeHead(kv_head, v_src, v_dst);
     }
   };
 
@@ -103,21 +122,6 @@ struct KvCache::Impl {
     return std::span(seq.head_tokens)
         .subspan(static_cast<size_t>(layer_idx) * options.num_kv_heads, options.num_kv_heads);
   }
-  // The view of one arena read with `codec`, whose kv heads hold `head_block_bytes` per block.
-  // Head-major: a sequence's blocks, allocated in order from a fresh pool, give each kv head
-  // one contiguous run of bytes, which decode reads much faster than 4 KiB pieces a block apart
-  // (bf16, 64k tokens, 2 threads on Zen 4: 16-17 instead of 24-31 ms per step;
-  // docs/representation-speed.md).
-  KvArenaView ArenaView(const ArenaPtr& arena, const Codec& codec, size_t head_block_bytes) const {
-    return KvArenaView{.base = arena.get(),
-                       .block_stride = head_block_bytes,
-                       .head_stride = static_cast<size_t>(pool.num_blocks()) * head_block_bytes,
-                       .unit_bytes = codec.unit_bytes(),
-                       .group_tokens = codec.group_tokens(),
-                       .codec = codec.id(),
-                       .codec_impl = &codec};
-  }
-
   int recent_tokens() const { return options.config.recent_tokens; }
   // Rows of a layer's circular pending buffer: the recent window plus the unit still filling;
   // 0 when every token is encoded as it arrives.
@@ -189,18 +193,17 @@ struct KvCache::Impl {
   }
 
   // Copies block `src` over block `dst` in every layer, keys and values: each kv head's part,
-  // found through ArenaView (the one place that defines the arena layout).
+  // found through the heads' arena views (the one place that defines the arena layout).
   void CopyBlock(BlockId src, BlockId dst) {
     for (Layer& layer : layers) {
-      const auto copy = [&](const ArenaPtr& arena, const Codec& codec, size_t bytes) {
-        const KvArenaView view = ArenaView(arena, codec, bytes);
-        for (int h = 0; h < options.num_kv_heads; ++h) {
-          std::memcpy(arena.get() + (view.Unit(dst, 0, h) - view.base), view.Unit(src, 0, h),
-                      bytes);
-        }
-      };
-      copy(layer.k, *layer.k_codec, layer.k_head_block_bytes);
-      copy(layer.v, *layer.v_codec, layer.v_head_block_bytes);  // (joint layers: 0 bytes)
+      for (int h = 0; h < options.num_kv_heads; ++h) {
+        const auto copy = [&](const ArenaPtr& arena, const KvArenaView& head) {
+          std::memcpy(Layer::Mutable(arena, head.Unit(dst, 0, 0)), head.Unit(src, 0, 0),
+                      head.block_stride);
+        };
+        copy(layer.k, layer.k_heads[h]);
+        if (!layer.joint()) copy(layer.v, layer.v_heads[h]);
+      }
     }
   }
 

@@ -31,12 +31,6 @@ void KvCache::Write(SeqId seq_id, int layer_idx, int logical_begin, std::span<co
   Impl::Sequence& seq = impl_->MutableSeq(seq_id);
   Impl::SideBuffers& side = seq.layers[layer_idx];
   Impl::Layer& layer = impl_->layers[layer_idx];
-  auto k_unit = [&](int32_t block_id, int unit_idx, int kv_head) {
-    return layer.k.get() + (view.k.Unit(block_id, unit_idx, kv_head) - view.k.base);
-  };
-  auto v_unit = [&](int32_t block_id, int unit_idx, int kv_head) {
-    return layer.v_arena().get() + (view.v.Unit(block_id, unit_idx, kv_head) - view.v.base);
-  };
   const int sink_tokens = impl_->sink_tokens();
   const bool rotate = impl_->options.config.hadamard_keys;
   // Absolute position of logical token 0 (non-zero in a wrapped ring, and after an eviction
@@ -115,19 +109,22 @@ void KvCache::Write(SeqId seq_id, int layer_idx, int logical_begin, std::span<co
     const int begin = std::max(logical_begin, shift);
     const int end = logical_begin + num_tokens;
     if (begin >= end) continue;
-    view.ForEachRun(begin - shift, end - shift,
-                    [&](int run_begin, int count, int32_t block_id, int row_begin) {
-                      // Shared (forked) blocks lie below every head's count and are never
-                      // rewritten; writing one would change the other sequence's history.
-                      KVS_DCHECK(impl_->pool.ref_count(block_id) == 1);
-                      for (int c = 0; c < count; ++c) {
-                        const int t = run_begin + c + shift - logical_begin;
-                        const int row = row_begin + c;
-                        layer.EncodeHead(h, key_row(t, h), value_row(t, h),
-                                         {k_unit(block_id, row, h), view.k.unit_bytes},
-                                         {v_unit(block_id, row, h), view.v.unit_bytes});
-                      }
-                    });
+    const KvArenaView k_arena = view.KeyArena(h), v_arena = view.ValueArena(h);
+    view.ForEachRun(
+        begin - shift, end - shift, [&](int run_begin, int count, int32_t block_id, int row_begin) {
+          // Shared (forked) blocks lie below every head's count and are never
+          // rewritten; writing one would change the other sequence's history.
+          KVS_DCHECK(impl_->pool.ref_count(block_id) == 1);
+          for (int c = 0; c < count; ++c) {
+            const int t = run_begin + c + shift - logical_begin;
+            const int row = row_begin + c;
+            layer.EncodeHead(
+                h, key_row(t, h), value_row(t, h),
+                {Impl::Layer::Mutable(layer.k, k_arena.Row(block_id, row, 0)), k_arena.unit_bytes},
+                {Impl::Layer::Mutable(layer.v_arena(), v_arena.Row(block_id, row, 0)),
+                 v_arena.unit_bytes});
+          }
+        });
   }
 }
 
@@ -140,9 +137,8 @@ KvLayerView KvCache::View(SeqId seq_id, int layer_idx) const {
   const int sinks_end = std::min(sink_tokens, seq.num_tokens);
   const int encoded_end = impl_->EncodedEnd(layer, seq.num_tokens);
   return KvLayerView{
-      .k = impl_->ArenaView(layer.k, *layer.k_codec, layer.k_head_block_bytes),
-      .v = layer.joint() ? impl_->ArenaView(layer.k, *layer.v_codec, layer.k_head_block_bytes)
-                         : impl_->ArenaView(layer.v, *layer.v_codec, layer.v_head_block_bytes),
+      .k = layer.k_heads[0],
+      .v = layer.v_heads[0],
       .block_table = seq.block_table,
       .block_size = impl_->block_size,
       .first_slot = seq.first_slot,
@@ -166,6 +162,10 @@ KvLayerView KvCache::View(SeqId seq_id, int layer_idx) const {
       .head_tokens = impl_->HeadTokensOf(seq, layer_idx),
       .pending_period = layer.period,
       .pending_recent = impl_->recent_tokens(),
+      .head_k = layer.mixed ? std::span<const KvArenaView>(layer.k_heads)
+                            : std::span<const KvArenaView>(),
+      .head_v = layer.mixed ? std::span<const KvArenaView>(layer.v_heads)
+                            : std::span<const KvArenaView>(),
   };
 }
 
@@ -183,13 +183,13 @@ void KvCache::Impl::EncodePeriod(int layer_idx, const KvLayerView& view, int kv_
   }
   // A period never straddles blocks (block_size is a multiple of it), so its units are
   // consecutive from the one holding its first token.
-  const int k_tokens = view.k.group_tokens;
-  const int v_tokens = view.v.group_tokens;
-  std::byte* k_dst = layer.k.get() + (view.UnitOf(view.k, first, kv_head) - view.k.base);
-  std::byte* v_dst = layer.v_arena().get() + (view.UnitOf(view.v, first, kv_head) - view.v.base);
-  layer.EncodeHead(kv_head, k_rows, v_rows,
-                   {k_dst, static_cast<size_t>(period / k_tokens) * view.k.unit_bytes},
-                   {v_dst, static_cast<size_t>(period / v_tokens) * view.v.unit_bytes});
+  const KvArenaView k_arena = view.KeyArena(kv_head), v_arena = view.ValueArena(kv_head);
+  std::byte* k_dst = Layer::Mutable(layer.k, view.UnitOf(k_arena, first, 0));
+  std::byte* v_dst = Layer::Mutable(layer.v_arena(), view.UnitOf(v_arena, first, 0));
+  layer.EncodeHead(
+      kv_head, k_rows, v_rows,
+      {k_dst, static_cast<size_t>(period / k_arena.group_tokens) * k_arena.unit_bytes},
+      {v_dst, static_cast<size_t>(period / v_arena.group_tokens) * v_arena.unit_bytes});
 }
 
 }  // namespace kvstack

@@ -12,12 +12,14 @@
 #include <limits>
 #include <span>
 #include <sstream>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kvstack/codec.h"
 #include "kvstack/policy.h"
+#include "represent/latent_codec.h"
 
 namespace kvstack {
 namespace {
@@ -53,7 +55,8 @@ constexpr std::array<std::string_view, 24> kConfigKeys = {"layout",
                                                           "head_profile",
                                                           "retrieval_fraction",
                                                           "evict_step"};
-constexpr std::array<std::string_view, 3> kLayerKeys = {"k_codec", "v_codec", "policy"};
+constexpr std::array<std::string_view, 4> kLayerKeys = {"k_codec", "v_codec", "policy", "head"};
+constexpr std::array<std::string_view, 2> kHeadKeys = {"k_codec", "v_codec"};
 constexpr std::array<std::string_view, 2> kAggregations = {"max", "mean"};
 constexpr std::array<std::string_view, 2> kPositionModes = {"original", "reassign"};
 
@@ -183,20 +186,59 @@ absl::StatusOr<int> GetInt32(std::string_view key, const toml::node& node) {
   return static_cast<int>(value);
 }
 
-// Parses the [layer] table: one sub-table per layer index, each with k_codec and/or v_codec.
+// The index N of a [<parent>.N] table (a layer or a kv head).
+absl::StatusOr<int> TableIndex(std::string_view parent, std::string_view index_text,
+                               std::string_view what) {
+  int index = 0;
+  const char* const text_end = index_text.data() + index_text.size();
+  const auto [parsed_end, error] = std::from_chars(index_text.data(), text_end, index);
+  if (index_text.empty() || error != std::errc() || parsed_end != text_end || index < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv config: [", std::string(parent), ".", std::string(index_text),
+                     "] is not a ", std::string(what), " index; allowed: [", std::string(parent),
+                     ".N] with N an integer >= 0"));
+  }
+  return index;
+}
+
+// Parses a layer's [head] table: one sub-table per kv head index, each with k_codec and/or
+// v_codec.
+absl::Status ApplyHeadTable(const std::string& layer_table, int layer_idx, const toml::node& node,
+                            KvConfig* config) {
+  const std::string parent = absl::StrCat(layer_table, ".head");
+  const toml::table* heads = node.as_table();
+  if (heads == nullptr)
+    return TypeError(parent, absl::StrCat("a table of [", parent, ".H] tables"));
+  for (const auto& [index_key, head_node] : *heads) {
+    KVS_ASSIGN_OR_RETURN(const int kv_head, TableIndex(parent, index_key.str(), "kv head"));
+    const std::string table_name = absl::StrCat(parent, ".", kv_head);
+    const toml::table* entry_table = head_node.as_table();
+    if (entry_table == nullptr) return TypeError(table_name, "a table");
+    KvConfig::HeadCodecs entry{
+        .layer_idx = layer_idx, .kv_head = kv_head, .k_codec = "", .v_codec = ""};
+    for (const auto& [key, value] : *entry_table) {
+      const std::string full_key = absl::StrCat(table_name, ".", std::string(key.str()));
+      if (key.str() == "k_codec") {
+        KVS_ASSIGN_OR_RETURN(entry.k_codec, GetString(full_key, value));
+      } else if (key.str() == "v_codec") {
+        KVS_ASSIGN_OR_RETURN(entry.v_codec, GetString(full_key, value));
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat("kv config: unknown key '", full_key,
+                                                       "'; allowed: ", JoinNames(kHeadKeys)));
+      }
+    }
+    config->head_codecs.push_back(std::move(entry));
+  }
+  return absl::OkStatus();
+}
+
+// Parses the [layer] table: one sub-table per layer index, each with k_codec, v_codec and/or
+// policy, and [layer.N.head.H] tables for its kv heads.
 absl::Status ApplyLayerTable(const toml::node& node, KvConfig* config) {
   const toml::table* layers = node.as_table();
   if (layers == nullptr) return TypeError("layer", "a table of [layer.N] tables");
   for (const auto& [index_key, layer_node] : *layers) {
-    const std::string_view index_text = index_key.str();
-    int layer_idx = 0;
-    const char* const text_end = index_text.data() + index_text.size();
-    const auto [parsed_end, error] = std::from_chars(index_text.data(), text_end, layer_idx);
-    if (index_text.empty() || error != std::errc() || parsed_end != text_end || layer_idx < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("kv config: [layer.", std::string(index_text),
-                       "] is not a layer index; allowed: [layer.N] with N an integer >= 0"));
-    }
+    KVS_ASSIGN_OR_RETURN(const int layer_idx, TableIndex("layer", index_key.str(), "layer"));
     const std::string table_name = absl::StrCat("layer.", layer_idx);
     const toml::table* entry_table = layer_node.as_table();
     if (entry_table == nullptr) return TypeError(table_name, "a table");
@@ -210,12 +252,17 @@ absl::Status ApplyLayerTable(const toml::node& node, KvConfig* config) {
         KVS_ASSIGN_OR_RETURN(entry.v_codec, GetString(full_key, value));
       } else if (key.str() == "policy") {
         KVS_ASSIGN_OR_RETURN(entry.policy, GetString(full_key, value));
+      } else if (key.str() == "head") {
+        KVS_RETURN_IF_ERROR(ApplyHeadTable(table_name, layer_idx, value, config));
       } else {
         return absl::InvalidArgumentError(absl::StrCat("kv config: unknown key '", full_key,
                                                        "'; allowed: ", JoinNames(kLayerKeys)));
       }
     }
-    config->layer_codecs.push_back(std::move(entry));
+    // A table that only holds [layer.N.head.H] tables overrides nothing of the layer itself.
+    if (!entry.k_codec.empty() || !entry.v_codec.empty() || !entry.policy.empty()) {
+      config->layer_codecs.push_back(std::move(entry));
+    }
   }
   return absl::OkStatus();
 }
@@ -357,6 +404,24 @@ const std::string& KvConfig::VCodecOf(int layer_idx) const {
   return v_codec;
 }
 
+const std::string& KvConfig::KCodecOf(int layer_idx, int kv_head) const {
+  for (const HeadCodecs& entry : head_codecs) {
+    if (entry.layer_idx == layer_idx && entry.kv_head == kv_head && !entry.k_codec.empty()) {
+      return entry.k_codec;
+    }
+  }
+  return KCodecOf(layer_idx);
+}
+
+const std::string& KvConfig::VCodecOf(int layer_idx, int kv_head) const {
+  for (const HeadCodecs& entry : head_codecs) {
+    if (entry.layer_idx == layer_idx && entry.kv_head == kv_head && !entry.v_codec.empty()) {
+      return entry.v_codec;
+    }
+  }
+  return VCodecOf(layer_idx);
+}
+
 const std::string& KvConfig::PolicyOf(int layer_idx) const {
   for (const LayerCodecs& entry : layer_codecs) {
     if (entry.layer_idx == layer_idx && !entry.policy.empty()) return entry.policy;
@@ -414,6 +479,11 @@ std::string KvConfig::ToString() const {
     absl::StrAppend(&out, " layer.", entry.layer_idx, "=", KCodecOf(entry.layer_idx), "/",
                     VCodecOf(entry.layer_idx));
     if (!entry.policy.empty()) absl::StrAppend(&out, "/", entry.policy);
+  }
+  for (const HeadCodecs& entry : head_codecs) {
+    absl::StrAppend(&out, " head.", entry.layer_idx, ".", entry.kv_head, "=",
+                    KCodecOf(entry.layer_idx, entry.kv_head), "/",
+                    VCodecOf(entry.layer_idx, entry.kv_head));
   }
   return out;
 }
@@ -474,6 +544,45 @@ absl::Status ValidateKvConfig(const KvConfig& config) {
     }
     if (!entry.policy.empty()) {
       KVS_RETURN_IF_ERROR(CheckName(absl::StrCat(field, ".policy"), entry.policy, PolicyNames()));
+    }
+  }
+  // kv_head < num_kv_heads, too, is checked by KvCache::Create.
+  std::vector<std::pair<int, int>> seen_heads;
+  for (const KvConfig::HeadCodecs& entry : config.head_codecs) {
+    const std::string field =
+        absl::StrCat("head_codecs[layer ", entry.layer_idx, " head ", entry.kv_head, "]");
+    if (entry.layer_idx < 0 || entry.kv_head < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kv config: ", field, " has a negative index; allowed: layer and kv head >= 0"));
+    }
+    const std::pair<int, int> key(entry.layer_idx, entry.kv_head);
+    if (std::find(seen_heads.begin(), seen_heads.end(), key) != seen_heads.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("kv config: kv head ", entry.kv_head,
+                                                     " of layer ", entry.layer_idx,
+                                                     " has two overrides; allowed: one"));
+    }
+    seen_heads.push_back(key);
+    if (IsLatentCodecName(config.KCodecOf(entry.layer_idx))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kv config: ", field, ": layer ", entry.layer_idx, " is latent ('",
+          config.KCodecOf(entry.layer_idx),
+          "'), one joint basis for all its kv heads; allowed: head overrides in layers whose "
+          "codecs are not latent"));
+    }
+    if (entry.k_codec.empty() && entry.v_codec.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kv config: ", field, " names no codec; allowed: a k_codec, a v_codec or both"));
+    }
+    for (const auto& [side, name] :
+         {std::pair("k_codec", &entry.k_codec), std::pair("v_codec", &entry.v_codec)}) {
+      if (name->empty()) continue;
+      KVS_RETURN_IF_ERROR(CheckCodecField(absl::StrCat(field, ".", side), *name));
+      if (IsLatentCodecName(*name)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "kv config: ", field, ".", side, " '", *name,
+            "': a latent codec has one joint basis per layer; allowed: latent codecs per "
+            "layer only (--layer-codec)"));
+      }
     }
   }
   return absl::OkStatus();

@@ -115,6 +115,57 @@ TEST(KvConfigTest, LayerOverridesReplaceOnlyWhatTheyName) {
   EXPECT_EQ(config.VCodecOf(3), "f32");
 }
 
+TEST(KvConfigTest, HeadOverridesWinOverTheirLayersForWhatTheyName) {
+  KvConfig config;
+  config.k_codec = "f16";
+  config.v_codec = "bf16";
+  config.layer_codecs = {Override(1, "int8", "")};
+  config.head_codecs = {{.layer_idx = 1, .kv_head = 2, .k_codec = "f32", .v_codec = ""},
+                        {.layer_idx = 0, .kv_head = 0, .k_codec = "", .v_codec = "int4"}};
+  EXPECT_EQ(config.KCodecOf(1, 2), "f32");
+  EXPECT_EQ(config.VCodecOf(1, 2), "bf16");
+  EXPECT_EQ(config.KCodecOf(1, 0), "int8");  // another head: the layer's override
+  EXPECT_EQ(config.KCodecOf(0, 0), "f16");
+  EXPECT_EQ(config.VCodecOf(0, 0), "int4");
+  EXPECT_EQ(config.VCodecOf(0, 1), "bf16");
+  EXPECT_EQ(config.ToString().substr(config.ToString().find(" layer.1=")),
+            " layer.1=int8/bf16 head.1.2=f32/bf16 head.0.0=f16/int4");
+  EXPECT_TRUE(ValidateKvConfig(config).ok());
+}
+
+TEST(KvConfigTest, HeadOverridesAreValidated) {
+  struct Case {
+    KvConfig::HeadCodecs head;
+    std::string k_codec;  // the layers'
+    const char* expected;
+  };
+  const Case cases[] = {
+      {{.layer_idx = 0, .kv_head = -1, .k_codec = "int8", .v_codec = ""}, "f16", "negative index"},
+      {{.layer_idx = 0, .kv_head = 0, .k_codec = "", .v_codec = ""}, "f16", "names no codec"},
+      {{.layer_idx = 2, .kv_head = 1, .k_codec = "", .v_codec = "int5"},
+       "f16",
+       "head_codecs[layer 2 head 1].v_codec 'int5' is invalid"},
+      {{.layer_idx = 0, .kv_head = 0, .k_codec = "latent-r4", .v_codec = "latent-r4"},
+       "f16",
+       "latent codecs per layer only"},
+      {{.layer_idx = 0, .kv_head = 0, .k_codec = "int8", .v_codec = ""},
+       "latent-r4",
+       "layer 0 is latent ('latent-r4')"},
+  };
+  for (const Case& c : cases) {
+    KvConfig config;
+    config.k_codec = config.v_codec = c.k_codec;
+    config.head_codecs = {c.head};
+    const absl::Status status = ValidateKvConfig(config);
+    ASSERT_FALSE(status.ok()) << c.expected;
+    EXPECT_THAT(Message(status), HasSubstr(c.expected));
+  }
+  KvConfig twice;
+  twice.head_codecs = {{.layer_idx = 1, .kv_head = 1, .k_codec = "int8", .v_codec = ""},
+                       {.layer_idx = 1, .kv_head = 1, .k_codec = "", .v_codec = "int8"}};
+  EXPECT_THAT(Message(ValidateKvConfig(twice)), HasSubstr("kv head 1 of layer 1 has two"));
+}
+
 TEST(KvConfigTest, ToStringAddsSinksHadamardAndOverridesOnlyWhenSet) {
   KvConfig config;
   config.capacity = 64;
@@ -193,6 +244,12 @@ TEST(KvConfigTomlTest, WrongTypeNamesKeyAndExpectedType) {
       {"[kv.layer.0]\nkcodec = \"f32\"", "unknown key 'layer.0.kcodec'; allowed: k_codec, v_codec"},
       {"[kv.layer.x1]\nk_codec = \"f32\"", "[layer.x1] is not a layer index"},
       {"[kv.layer.-1]\nk_codec = \"f32\"", "[layer.-1] is not a layer index"},
+      {"[kv.layer.0]\nhead = 1", "key 'layer.0.head' must be a table of [layer.0.head.H] tables"},
+      {"[kv.layer.0.head]\n1 = \"int8\"", "key 'layer.0.head.1' must be a table"},
+      {"[kv.layer.0.head.x]\nk_codec = \"f32\"", "[layer.0.head.x] is not a kv head index"},
+      {"[kv.layer.1.head.0]\npolicy = \"h2o\"",
+       "unknown key 'layer.1.head.0.policy'; allowed: k_codec, v_codec"},
+      {"[kv.layer.1.head.0]\nv_codec = 8", "key 'layer.1.head.0.v_codec' must be a string"},
       {"block_size = 9999999999", "key 'block_size' = 9999999999 does not fit"},
   };
   for (const Case& c : cases) {
@@ -243,6 +300,34 @@ v_codec = "f32"
   ASSERT_TRUE(top.ok()) << top.status();
   EXPECT_EQ(top->sink_tokens, 2);
   EXPECT_EQ(top->KCodecOf(1), "bf16");
+}
+
+TEST(KvConfigTomlTest, HeadTablesInsideLayerTables) {
+  auto config = ParseKvConfigToml(R"(
+[kv]
+k_codec = "int4"
+v_codec = "int4"
+[kv.layer.2]
+v_codec = "int8"
+[kv.layer.2.head.1]
+k_codec = "int8"
+[kv.layer.3.head.0]
+k_codec = "bf16"
+v_codec = "f16"
+)");
+  ASSERT_TRUE(config.ok()) << config.status();
+  // Layer 3's table holds only a head table: it overrides nothing of the layer itself.
+  ASSERT_EQ(config->layer_codecs.size(), 1u);
+  ASSERT_EQ(config->head_codecs.size(), 2u);
+  EXPECT_EQ(config->KCodecOf(2, 1), "int8");
+  EXPECT_EQ(config->VCodecOf(2, 1), "int8");  // the layer's
+  EXPECT_EQ(config->KCodecOf(2, 0), "int4");
+  EXPECT_EQ(config->KCodecOf(3, 0), "bf16");
+  EXPECT_EQ(config->VCodecOf(3, 0), "f16");
+  EXPECT_EQ(config->VCodecOf(3, 1), "int4");
+  auto bad = ParseKvConfigToml("[kv.layer.0.head.0]\nk_codec = \"int3\"");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(Message(bad.status()), HasSubstr("head_codecs[layer 0 head 0].k_codec 'int3'"));
 }
 
 TEST(KvConfigTomlTest, SyntaxErrorIsAStatusWithLocation) {

@@ -54,6 +54,11 @@ void CacheFlags::Add(CLI::App* app, bool with_grid_flags) {
                   "L:K:V codecs of layer L (K or V empty keeps the default); repeatable")
       ->take_all()
       ->allow_extra_args(false);
+  app->add_option("--head-codec", head_codecs_,
+                  "L:H:K:V codecs of kv head H of layer L (K or V empty keeps the layer's); "
+                  "repeatable")
+      ->take_all()
+      ->allow_extra_args(false);
 }
 
 absl::StatusOr<KvConfig::LayerCodecs> ParseLayerCodec(std::string_view spec) {
@@ -71,6 +76,23 @@ absl::StatusOr<KvConfig::LayerCodecs> ParseLayerCodec(std::string_view spec) {
                                .k_codec = std::string(parts[1]),
                                .v_codec = std::string(parts[2]),
                                .policy = ""};
+}
+
+absl::StatusOr<KvConfig::HeadCodecs> ParseHeadCodec(std::string_view spec) {
+  const std::vector<absl::string_view> parts =
+      absl::StrSplit(absl::string_view(spec.data(), spec.size()), ':');
+  int layer_idx = -1, kv_head = -1;
+  if (parts.size() != 4 || !absl::SimpleAtoi(parts[0], &layer_idx) || layer_idx < 0 ||
+      !absl::SimpleAtoi(parts[1], &kv_head) || kv_head < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--head-codec '%s': expected L:H:K:V (layer index >= 0, kv head index >= 0, key codec, "
+        "value codec; K or V may be empty to keep the layer's), e.g. 0:1:int8:int4 or 2:0:int8:",
+        spec));
+  }
+  return KvConfig::HeadCodecs{.layer_idx = layer_idx,
+                              .kv_head = kv_head,
+                              .k_codec = std::string(parts[2]),
+                              .v_codec = std::string(parts[3])};
 }
 
 absl::StatusOr<KvConfig> CacheFlags::Resolve() const {
@@ -98,6 +120,13 @@ absl::StatusOr<KvConfig> CacheFlags::Resolve() const {
     };
     std::erase_if(config.layer_codecs, same_layer);
     config.layer_codecs.push_back(std::move(layer));
+  }
+  for (const std::string& spec : head_codecs_) {
+    KVS_ASSIGN_OR_RETURN(KvConfig::HeadCodecs head, ParseHeadCodec(spec));
+    std::erase_if(config.head_codecs, [&](const KvConfig::HeadCodecs& h) {
+      return h.layer_idx == head.layer_idx && h.kv_head == head.kv_head;
+    });
+    config.head_codecs.push_back(std::move(head));
   }
   KVS_RETURN_IF_ERROR(selection_.Apply(&config));
   KVS_RETURN_IF_ERROR(ValidateKvConfig(config));
@@ -133,6 +162,13 @@ nlohmann::json KvConfigJson(const KvConfig& config) {
                       {"v_codec", layer.v_codec},
                       {"policy", layer.policy}});
   }
+  nlohmann::json heads = nlohmann::json::array();
+  for (const KvConfig::HeadCodecs& head : config.head_codecs) {
+    heads.push_back({{"layer_idx", head.layer_idx},
+                     {"kv_head", head.kv_head},
+                     {"k_codec", head.k_codec},
+                     {"v_codec", head.v_codec}});
+  }
   return nlohmann::json{{"layout", std::string(LayoutName(config.layout))},
                         {"block_size", config.block_size},
                         {"k_codec", config.k_codec},
@@ -156,7 +192,8 @@ nlohmann::json KvConfigJson(const KvConfig& config) {
                         {"positions", config.positions},
                         {"head_profile", config.head_profile},
                         {"retrieval_fraction", config.retrieval_fraction},
-                        {"layer_codecs", layers}};
+                        {"layer_codecs", layers},
+                        {"head_codecs", heads}};
 }
 
 ProgressBar::ProgressBar(std::string label)

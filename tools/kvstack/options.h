@@ -39,6 +39,7 @@ class CacheFlags {
   CLI::Option* recent_tokens_opt_ = nullptr;
   std::string profile_;
   std::vector<std::string> layer_codecs_;
+  std::vector<std::string> head_codecs_;
   CLI::Option* sink_tokens_opt_ = nullptr;
   CLI::Option* layout_opt_ = nullptr;
   CLI::Option* block_size_opt_ = nullptr;
@@ -69,6 +70,8 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path, const std::str
 // Parses one --layer-codec value "L:K:V" (layer index, key codec, value codec; K or V may be
 // empty to keep the default). Codec names are checked later, with the whole configuration.
 absl::StatusOr<KvConfig::LayerCodecs> ParseLayerCodec(std::string_view spec);
+// Parses one --head-codec value, "L:H:K:V".
+absl::StatusOr<KvConfig::HeadCodecs> ParseHeadCodec(std::string_view spec);
 
 nlohmann::json KvConfigJson(const KvConfig& config);
 
