@@ -187,12 +187,72 @@ TEST_F(SweepCliTest, CacheFlagsReachTheBaseConfig) {
   EXPECT_EQ(json["reference"]["config"]["sink_tokens"], 0);
 }
 
+TEST_F(SweepCliTest, HeadCodecsGiveOneKvHeadItsOwnCodecs) {
+  const std::string grid = Base() + " --k-codec int4 --v-codec int4 --json -";
+  const CommandResult plain = RunCli(grid);
+  const CommandResult mixed = RunCli(grid + " --head-codec 0:0:f32:f32");
+  const CommandResult same = RunCli(grid + " --head-codec 0:0:int4:int4");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(mixed.exit_code, 0) << mixed.err;
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  const auto plain_row = nlohmann::json::parse(plain.out)["rows"][0];
+  const auto mixed_json = nlohmann::json::parse(mixed.out);
+  const auto mixed_row = mixed_json["rows"][0];
+  const auto same_row = nlohmann::json::parse(same.out)["rows"][0];
+  ASSERT_EQ(mixed_row["config"]["head_codecs"].size(), 1u);
+  EXPECT_EQ(mixed_row["config"]["head_codecs"][0]["kv_head"], 0);
+  EXPECT_EQ(mixed_row["config"]["head_codecs"][0]["k_codec"], "f32");
+  EXPECT_TRUE(mixed_json["reference"]["config"]["head_codecs"].empty());
+  // stories260K: 5 layers of 4 kv heads; one of the 20 (layer, head) pairs at 32 bits.
+  const double int4_bits = plain_row["bits_per_element"].get<double>();
+  EXPECT_DOUBLE_EQ(mixed_row["bits_per_element"].get<double>(), (19 * int4_bits + 32.0) / 20);
+  // The head's own cache differs from the layer's; naming the layer's codec changes nothing.
+  EXPECT_NE(mixed_row["ppl"].get<double>(), plain_row["ppl"].get<double>());
+  EXPECT_EQ(same_row["ppl"].get<double>(), plain_row["ppl"].get<double>());
+  EXPECT_EQ(same_row["bits_per_element"].get<double>(), int4_bits);
+}
+
+TEST_F(SweepCliTest, ProbeHeadsAddsOneRowPerKvHeadOfTheFirstConfiguration) {
+  const CommandResult r = RunCli(
+      Base() + " --pairs --k-codec int2,int8 --v-codec int2,int8 --probe-heads int8 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rows = nlohmann::json::parse(r.out)["rows"];
+  // The grid's two rows, then one per (layer, kv head) of stories260K's 5 x 4, layer-major.
+  ASSERT_EQ(rows.size(), 2u + 20u);
+  const double int2_bits = rows[0]["bits_per_element"].get<double>();
+  const double int8_bits = rows[1]["bits_per_element"].get<double>();
+  double best_probe = rows[0]["delta_ppl_pct"].get<double>();
+  for (int i = 0; i < 20; ++i) {
+    const auto& row = rows[2 + i];
+    SCOPED_TRACE(row["config"]["head_codecs"].dump());
+    EXPECT_EQ(row["config"]["k_codec"], "int2");
+    ASSERT_EQ(row["config"]["head_codecs"].size(), 1u);
+    EXPECT_EQ(row["config"]["head_codecs"][0]["layer_idx"], i / 4);
+    EXPECT_EQ(row["config"]["head_codecs"][0]["kv_head"], i % 4);
+    EXPECT_EQ(row["config"]["head_codecs"][0]["v_codec"], "int8");
+    EXPECT_DOUBLE_EQ(row["bits_per_element"].get<double>(), (19 * int2_bits + int8_bits) / 20);
+    best_probe = std::min(best_probe, row["delta_ppl_pct"].get<double>());
+  }
+  // Some head is worth its 8 bits: int2 everywhere loses more than with that head in int8.
+  EXPECT_LT(best_probe, rows[0]["delta_ppl_pct"].get<double>());
+  const CommandResult table =
+      RunCli(Base() + " --k-codec int2 --v-codec int2 --probe-heads int8:int4");
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_NE(table.out.find("| int2 / int2 head.4.3=int8/int4 |"), std::string::npos) << table.out;
+}
+
 TEST_F(SweepCliTest, BadInputGetsOneLineAndExitOne) {
   const std::string plot = dir_ + "/never";
   for (const std::string& args : {
            Base() + " --k-codec f16,no_such_codec --plot " + plot,  // unknown codec
            Base() + " --layer-codec 0:f16",                         // missing V field
            Base() + " --layer-codec x:f16:f16",                     // layer not a number
+           Base() + " --head-codec 0:int8:int8",                    // missing H field
+           Base() + " --head-codec 0:4:int8:int8",                  // no kv head 4
+           Base() + " --head-codec 1:0:latent-r4:latent-r4",        // latent per head
+           Base() + " --probe-heads int8:",                         // empty value codec
+           Base() + " --probe-heads int8:int4:f16",                 // three fields
+           Base() + " --probe-heads int9",                          // unknown codec
            Base() + " --pairs --k-codec f16,bf16 --v-codec f16",    // lists of unequal length
            Base() + " --csv /no/such/dir/out.csv",                  // unwritable output
            Base() + " --stream -5",                                 // negative stream
@@ -207,6 +267,9 @@ TEST_F(SweepCliTest, BadInputGetsOneLineAndExitOne) {
   EXPECT_NE(RunCli(Base() + " --k-codec f16,no_such_codec").err.find("no_such_codec"),
             std::string::npos);
   EXPECT_NE(RunCli(Base() + " --layer-codec 0:f16").err.find("L:K:V"), std::string::npos);
+  EXPECT_NE(RunCli(Base() + " --head-codec 0:int8:int8").err.find("L:H:K:V"), std::string::npos);
+  EXPECT_NE(RunCli(Base() + " --head-codec 0:4:int8:int8").err.find("kv heads 0..3"),
+            std::string::npos);
   // --segment sizes --stream's segments; alone it would be ignored, so it is refused.
   const CommandResult segment = RunCli(Base() + " --segment 64");
   EXPECT_EQ(segment.exit_code, 2) << segment.err;

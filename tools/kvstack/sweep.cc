@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -268,6 +269,10 @@ absl::Status RunGridSweep(const SweepFlags& flags, const KvConfig& base,
 absl::Status RunSweep(const SweepFlags& flags) {
   KVS_ASSIGN_OR_RETURN(KvConfig base, flags.cache.Resolve());
   KVS_ASSIGN_OR_RETURN(std::vector<KvConfig> grid, BuildGrid(flags, base));
+  std::optional<std::pair<std::string, std::string>> probe_codecs;
+  if (!flags.probe_heads.empty()) {
+    KVS_ASSIGN_OR_RETURN(probe_codecs, ParseProbeHeads(flags.probe_heads));
+  }
   if (flags.csv_path == "-" && flags.json_path == "-") {
     return absl::InvalidArgumentError("only one of --csv and --json can be '-' (stdout)");
   }
@@ -285,6 +290,11 @@ absl::Status RunSweep(const SweepFlags& flags) {
   if (!flags.plot_prefix.empty()) KVS_RETURN_IF_ERROR(CheckGnuplot());
   KVS_ASSIGN_OR_RETURN(const std::string text, ReadTextFile(flags.file, "text file"));
   KVS_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LoadModel(flags.model));
+  if (probe_codecs) {
+    const std::vector<KvConfig> probes = HeadProbeRows(
+        grid.front(), *probe_codecs, model->hparams().num_layers, model->hparams().num_kv_heads);
+    grid.insert(grid.end(), probes.begin(), probes.end());
+  }
   EvaluateOptions options;
   options.ctx = flags.stream_tokens > 0 ? flags.stream_tokens : flags.ctx;
   options.num_threads = flags.engine.threads;
@@ -338,6 +348,10 @@ RunFn RegisterSweep(CLI::App& app) {
                   "--profile): r<rank>[-int4] and e<percent>[-int4] for lowrank-..., or full "
                   "names such as latent-r8")
       ->delimiter(',');
+  sub->add_option("--probe-heads", flags->probe_heads,
+                  "K:V (or one codec for both): after the grid, one row per layer and kv head "
+                  "of the model, the first configuration with that head alone stored as K/V; "
+                  "their ΔPPL ranks the heads for --head-codec");
   sub->add_option("--policy", flags->policies,
                   "selection policies, comma-separated: full, window, streaming, h2o, tova, "
                   "snapkv, duo (default: the base config's)")

@@ -4,6 +4,7 @@
 
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "command.h"
@@ -23,6 +24,7 @@ struct SweepFlags {
   std::vector<std::string> v_codecs;
   bool pairs = false;
   std::vector<std::string> lowrank;  // --lowrank: K = V rows of profiled codecs
+  std::string probe_heads;           // --probe-heads: "K:V" or "C" for each (layer, kv head)
   std::vector<std::string> policies;
   std::vector<std::string> budgets;
   bool retrieval_probe = false;
@@ -43,7 +45,20 @@ struct SweepFlags {
 // one's without its "lowrank-" (r4, r4-int4, e90).
 absl::StatusOr<std::vector<KvConfig>> BuildGrid(const SweepFlags& flags, const KvConfig& base);
 
-// "k / v", followed by "policy@budget" for evicting configurations.
+// The codecs of --probe-heads: "K:V", or "C" for both. Errors: one line naming the forms.
+absl::StatusOr<std::pair<std::string, std::string>> ParseProbeHeads(const std::string& spec);
+
+// --probe-heads rows: `first` (the grid's first configuration) once per (layer, kv head) of a
+// model of that shape, that head alone stored with `codecs` (a head override that replaces
+// any the base has for it), layer-major. Their ΔPPL against `first`'s ranks the heads by what
+// the codecs are worth there: which to give more bits (or fewer) with --head-codec.
+std::vector<KvConfig> HeadProbeRows(const KvConfig& first,
+                                    const std::pair<std::string, std::string>& codecs,
+                                    int num_layers, int num_kv_heads);
+
+// "k / v", then the head overrides ("head.L.H=K/V" for up to two, else "+N head overrides"),
+// "+layer overrides" when layers override the codecs, and "policy@budget" for evicting
+// configurations.
 std::string SweepLabel(const KvConfig& config);
 
 // An output path must have an existing directory, checked before the sweep runs rather than

@@ -1,10 +1,12 @@
 // The sweep's grid and output plumbing, shared by both of its modes.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kvstack/codec.h"
 #include "represent/lowrank_codec.h"
 #include "sweep.h"
 
@@ -84,8 +86,62 @@ absl::StatusOr<std::vector<KvConfig>> BuildGrid(const SweepFlags& flags, const K
   return grid;
 }
 
+absl::StatusOr<std::pair<std::string, std::string>> ParseProbeHeads(const std::string& spec) {
+  const size_t colon = spec.find(':');
+  const std::string k = spec.substr(0, colon);
+  const std::string v = colon == std::string::npos ? k : spec.substr(colon + 1);
+  if (k.empty() || v.empty() || v.find(':') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--probe-heads '%s': expected K:V (key and value codec) or one codec for both, e.g. "
+        "int8 or kivi4-g64:int4-g64",
+        spec));
+  }
+  for (const std::string& name : {k, v}) {
+    if (absl::Status status = CheckCodecName(name); !status.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--probe-heads '%s': %s", spec, status.message()));
+    }
+  }
+  return std::pair(k, v);
+}
+
+std::vector<KvConfig> HeadProbeRows(const KvConfig& first,
+                                    const std::pair<std::string, std::string>& codecs,
+                                    int num_layers, int num_kv_heads) {
+  std::vector<KvConfig> rows;
+  for (int layer_idx = 0; layer_idx < num_layers; ++layer_idx) {
+    for (int kv_head = 0; kv_head < num_kv_heads; ++kv_head) {
+      KvConfig config = first;
+      std::erase_if(config.head_codecs, [&](const KvConfig::HeadCodecs& head) {
+        return head.layer_idx == layer_idx && head.kv_head == kv_head;
+      });
+      config.head_codecs.push_back({.layer_idx = layer_idx,
+                                    .kv_head = kv_head,
+                                    .k_codec = codecs.first,
+                                    .v_codec = codecs.second});
+      rows.push_back(std::move(config));
+    }
+  }
+  return rows;
+}
+
 std::string SweepLabel(const KvConfig& config) {
   std::string label = absl::StrCat(config.k_codec, " / ", config.v_codec);
+  // The overrides apply to every row that has them; the base config line names them all.
+  if (config.head_codecs.size() <= 2) {
+    for (const KvConfig::HeadCodecs& head : config.head_codecs) {
+      absl::StrAppend(&label, " head.", head.layer_idx, ".", head.kv_head, "=",
+                      config.KCodecOf(head.layer_idx, head.kv_head), "/",
+                      config.VCodecOf(head.layer_idx, head.kv_head));
+    }
+  } else {
+    absl::StrAppend(&label, " +", config.head_codecs.size(), " head overrides");
+  }
+  if (std::any_of(config.layer_codecs.begin(), config.layer_codecs.end(), [](const auto& layer) {
+        return !layer.k_codec.empty() || !layer.v_codec.empty();
+      })) {
+    absl::StrAppend(&label, " +layer overrides");
+  }
   if (config.evicts()) absl::StrAppend(&label, " ", config.policy, "@", config.budget.ToString());
   return label;
 }
