@@ -118,7 +118,9 @@ struct KvLayerView {
   int first_kv_head = 0;
   // Per-kv-head arenas, [num_kv_heads] each, of a layer whose heads do not all use the same
   // codecs: head h's keys are in head_k[h] and its values in head_v[h], each a one-head arena
-  // (its units at Unit(block, unit, 0)). Then k and v are head 0's and no reader may address
+  // (its units at Unit(block, unit, 0)) whose head_stride is the distance to the next head's
+  // region if that head has the same codecs (as the codec_impl pointers say): a run of such
+  // heads reads as one view (HeadsView). k and v are head 0's, and no reader may address
   // another head through them. Empty: every head is in k and v at its head_stride.
   std::span<const KvArenaView> head_k;
   std::span<const KvArenaView> head_v;
@@ -137,31 +139,41 @@ struct KvLayerView {
   // The one-head arena of kv head `kv_head`'s keys or values: its units at Unit(block, unit, 0).
   KvArenaView KeyArena(int kv_head) const { return OneHead(k, head_k, kv_head); }
   KvArenaView ValueArena(int kv_head) const { return OneHead(v, head_v, kv_head); }
-  // The one-head view of kv head `kv_head`, holding its HeadTokens(kv_head) tokens.
-  KvLayerView HeadView(int kv_head) const {
-    KVS_DCHECK(0 <= kv_head && kv_head < num_kv_heads);
-    KvLayerView one = *this;
-    const int n = HeadTokens(kv_head);
-    one.k = KeyArena(kv_head);
-    one.v = ValueArena(kv_head);
-    one.head_k = {};
-    one.head_v = {};
-    one.num_tokens = n;
-    one.num_kv_heads = 1;
-    one.head_tokens = {};
-    one.first_kv_head = first_kv_head + kv_head;
-    for (KvF32Segment* seg : {&one.sinks, &one.pending}) {
-      const size_t head_floats = static_cast<size_t>(kv_head) * seg->stride_tokens * head_dim;
+  // Whether kv heads a and b read alike: the same codecs, and the same number of tokens.
+  bool SameHeads(int a, int b) const {
+    if (HeadTokens(a) != HeadTokens(b)) return false;
+    return !mixed_codecs() || (head_k[a].codec_impl == head_k[b].codec_impl &&
+                               head_v[a].codec_impl == head_v[b].codec_impl);
+  }
+  // The view of kv heads [first, first + count), which read alike (SameHeads), holding their
+  // HeadTokens(first) tokens: a uniform view the kernels read whole.
+  KvLayerView HeadsView(int first, int count) const {
+    KVS_DCHECK(0 <= first && count >= 1 && first + count <= num_kv_heads);
+    KVS_DCHECK(SameHeads(first, first + count - 1));
+    KvLayerView run = *this;
+    const int n = HeadTokens(first);
+    run.k = KeyArena(first);
+    run.v = ValueArena(first);
+    run.head_k = {};
+    run.head_v = {};
+    run.num_tokens = n;
+    run.num_kv_heads = count;
+    run.head_tokens = {};
+    run.first_kv_head = first_kv_head + first;
+    for (KvF32Segment* seg : {&run.sinks, &run.pending}) {
+      const size_t head_floats = static_cast<size_t>(first) * seg->stride_tokens * head_dim;
       if (seg->k != nullptr) seg->k += head_floats;
       if (seg->v != nullptr) seg->v += head_floats;
       seg->end = std::min(seg->end, n);
       seg->begin = std::min(seg->begin, seg->end);
     }
-    // The head's own encoded end; sinks win where the two overlap (a sink is never pending).
-    one.pending.begin = std::min(
-        one.pending.end, std::max(one.sinks.end, EncodedTokens(n, pending_period, pending_recent)));
-    return one;
+    // The heads' own encoded end; sinks win where the two overlap (a sink is never pending).
+    run.pending.begin = std::min(
+        run.pending.end, std::max(run.sinks.end, EncodedTokens(n, pending_period, pending_recent)));
+    return run;
   }
+  // The one-head view of kv head `kv_head`, holding its HeadTokens(kv_head) tokens.
+  KvLayerView HeadView(int kv_head) const { return HeadsView(kv_head, 1); }
 
   int num_slots() const { return static_cast<int>(block_table.size()) * block_size; }
   // The unit of `arena` (this view's k or v) holding logical token `logical` of kv head

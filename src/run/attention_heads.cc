@@ -1,4 +1,5 @@
-// AttentionAnyHeads: per-kv-head attention calls for views with per-head token counts.
+// AttentionAnyHeads: attention over runs of kv heads that read alike (same token counts and
+// codecs), one kernel call per run.
 #include "run/attention_heads.h"
 
 #include <algorithm>
@@ -17,25 +18,32 @@ void AttentionAnyHeads(const KvLayerView& view, const float* q, int num_queries,
   const int group = params.num_heads / view.num_kv_heads;
   const size_t group_floats = static_cast<size_t>(group) * view.head_dim;
   const size_t row_floats = static_cast<size_t>(params.num_heads) * view.head_dim;
-  std::vector<float> q_group(num_queries * group_floats), out_group(num_queries * group_floats);
-  AttentionParams head_params = params;
-  head_params.num_heads = group;
-  for (int h = 0; h < view.num_kv_heads; ++h) {
+  std::vector<float> q_run, out_run;
+  for (int first = 0; first < view.num_kv_heads;) {
+    int count = 1;
+    while (first + count < view.num_kv_heads && view.SameHeads(first, first + count)) ++count;
+    // The run's query heads, next to each other: [num_queries][count * group][head_dim].
+    const size_t run_floats = static_cast<size_t>(count) * group_floats;
+    q_run.resize(num_queries * run_floats);
+    out_run.resize(q_run.size());
     for (int j = 0; j < num_queries; ++j) {
-      std::memcpy(&q_group[j * group_floats], q + j * row_floats + h * group_floats,
-                  group_floats * sizeof(float));
+      std::memcpy(&q_run[j * run_floats], q + j * row_floats + first * group_floats,
+                  run_floats * sizeof(float));
     }
-    AttentionScores head_scores;
+    AttentionParams run_params = params;
+    run_params.num_heads = count * group;
+    AttentionScores run_scores;
     if (scores != nullptr) {
-      head_scores = *scores;
-      head_scores.out = scores->out + static_cast<size_t>(h) * scores->stride;
+      run_scores = *scores;
+      run_scores.out = scores->out + static_cast<size_t>(first) * scores->stride;
     }
-    Attention(view.HeadView(h), q_group.data(), num_queries, head_params, out_group.data(), pool,
-              scores != nullptr ? &head_scores : nullptr);
+    Attention(view.HeadsView(first, count), q_run.data(), num_queries, run_params, out_run.data(),
+              pool, scores != nullptr ? &run_scores : nullptr);
     for (int j = 0; j < num_queries; ++j) {
-      std::memcpy(out + j * row_floats + h * group_floats, &out_group[j * group_floats],
-                  group_floats * sizeof(float));
+      std::memcpy(out + j * row_floats + first * group_floats, &out_run[j * run_floats],
+                  run_floats * sizeof(float));
     }
+    first += count;
   }
 }
 

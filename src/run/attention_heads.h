@@ -1,8 +1,8 @@
 // Attention over a view whose kv heads may hold different numbers of tokens, as they do after
 // an eviction with per-head budgets (Ada-KV, head classes), or use different codecs (KvConfig::
 // head_codecs). The kernels read views whose heads all hold num_tokens tokens in one format;
-// here each kv head runs over its own HeadView instead, with its query heads gathered next to
-// each other.
+// here each run of adjacent kv heads that read alike (KvLayerView::SameHeads) is one such view
+// (HeadsView), with its query heads gathered next to each other.
 #pragma once
 
 #include "base/thread_pool.h"

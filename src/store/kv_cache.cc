@@ -61,11 +61,11 @@ size_t HeadBlockBytes(const Codec& codec, int block_size) {
 // joint layer's values), after the regions of heads 0..h-1. Head-major: a sequence's blocks,
 // allocated in order from a fresh pool, give each kv head one contiguous run of bytes, which
 // decode reads much faster than 4 KiB pieces a block apart (bf16, 64k tokens, 2 threads on
-// Zen 4: 16-17 instead of 24-31 ms per step; docs/representation-speed.md). When every head has
-// the same codecs (not mixed), head_stride is the distance between two heads' regions.
+// Zen 4: 16-17 instead of 24-31 ms per step; docs/representation-speed.md). head_stride is a
+// head's region: the distance to the next head's when that one has the same codecs.
 std::vector<KvArenaView> HeadArenas(const std::byte* base, std::span<const Codec* const> codecs,
                                     std::span<const Codec* const> layouts, int block_size,
-                                    int32_t num_blocks, bool mixed) {
+                                    int32_t num_blocks) {
   std::vector<KvArenaView> heads;
   size_t offset = 0;
   for (size_t h = 0; h < codecs.size(); ++h) {
@@ -74,7 +74,7 @@ std::vector<KvArenaView> HeadArenas(const std::byte* base, std::span<const Codec
     const size_t region_bytes = static_cast<size_t>(num_blocks) * block_bytes;
     heads.push_back(KvArenaView{.base = base + offset,
                                 .block_stride = block_bytes,
-                                .head_stride = mixed ? 0 : region_bytes,
+                                .head_stride = region_bytes,
                                 .unit_bytes = codec.unit_bytes(),
                                 .group_tokens = codec.group_tokens(),
                                 .codec = codec.id(),
@@ -221,26 +221,30 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
                          make_codec(config.KCodecOf(layer_idx), layer_idx, CodecRole::kKey));
     KVS_ASSIGN_OR_RETURN(layer.v_codec,
                          make_codec(config.VCodecOf(layer_idx), layer_idx, CodecRole::kValue));
-    // A head override naming the layer's own codec shares it.
-    auto head_codec = [&](const std::string& name, const std::unique_ptr<Codec>& layer_codec,
-                          CodecRole role) -> absl::StatusOr<const Codec*> {
-      if (name == layer_codec->name()) return layer_codec.get();
+    // Heads naming the same codec for the same side share one (the layer's, if it is that):
+    // heads that share codecs are read together (KvLayerView::SameHeads).
+    std::vector<std::pair<CodecRole, const Codec*>> side_codecs = {
+        {CodecRole::kKey, layer.k_codec.get()}, {CodecRole::kValue, layer.v_codec.get()}};
+    auto head_codec = [&](const std::string& name, CodecRole role) -> absl::StatusOr<const Codec*> {
+      for (const auto& [side, codec] : side_codecs) {
+        if (side == role && codec->name() == name) return codec;
+      }
       KVS_ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, make_codec(name, layer_idx, role));
       layer.head_codecs.push_back(std::move(codec));
+      side_codecs.emplace_back(role, layer.head_codecs.back().get());
       return layer.head_codecs.back().get();
     };
     std::vector<const Codec*> all_codecs;
     for (int h = 0; h < options.num_kv_heads; ++h) {
       KVS_RETURN_IF_ERROR(check_key_codec(config.KCodecOf(layer_idx, h), layer_idx));
-      KVS_ASSIGN_OR_RETURN(const Codec* k, head_codec(config.KCodecOf(layer_idx, h), layer.k_codec,
-                                                      CodecRole::kKey));
-      KVS_ASSIGN_OR_RETURN(const Codec* v, head_codec(config.VCodecOf(layer_idx, h), layer.v_codec,
-                                                      CodecRole::kValue));
+      KVS_ASSIGN_OR_RETURN(const Codec* k,
+                           head_codec(config.KCodecOf(layer_idx, h), CodecRole::kKey));
+      KVS_ASSIGN_OR_RETURN(const Codec* v,
+                           head_codec(config.VCodecOf(layer_idx, h), CodecRole::kValue));
       k_of_head[layer_idx].push_back(k);
       v_of_head[layer_idx].push_back(v);
       all_codecs.insert(all_codecs.end(), {k, v});
-      layer.mixed = layer.mixed || k->name() != k_of_head[layer_idx][0]->name() ||
-                    v->name() != v_of_head[layer_idx][0]->name();
+      layer.mixed = layer.mixed || k != k_of_head[layer_idx][0] || v != v_of_head[layer_idx][0];
     }
     KVS_ASSIGN_OR_RETURN(layer.period, UnitPeriod(all_codecs, config, layer_idx));
     period_lcm = std::lcm(period_lcm, int64_t{layer.period});
@@ -299,15 +303,15 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
     };
     KVS_ASSIGN_OR_RETURN(layer.k, AllocateArena(arena_bytes(k_of_head[layer_idx])));
     layer.k_heads = HeadArenas(layer.k.get(), k_of_head[layer_idx], k_of_head[layer_idx],
-                               impl->block_size, impl->pool.num_blocks(), layer.mixed);
+                               impl->block_size, impl->pool.num_blocks());
     if (layer.joint()) {
       // The values are read from the key units: the key arena's layout, the value codec.
       layer.v_heads = HeadArenas(layer.k.get(), v_of_head[layer_idx], k_of_head[layer_idx],
-                                 impl->block_size, impl->pool.num_blocks(), layer.mixed);
+                                 impl->block_size, impl->pool.num_blocks());
     } else {
       KVS_ASSIGN_OR_RETURN(layer.v, AllocateArena(arena_bytes(v_of_head[layer_idx])));
       layer.v_heads = HeadArenas(layer.v.get(), v_of_head[layer_idx], v_of_head[layer_idx],
-                                 impl->block_size, impl->pool.num_blocks(), layer.mixed);
+                                 impl->block_size, impl->pool.num_blocks());
     }
   }
   impl->layers = std::move(layers);

@@ -46,7 +46,7 @@ struct KvCache::Impl {
   };
   struct Layer {
     // The layer's codecs (after config.layer_codecs overrides): every kv head's but those
-    // config.head_codecs gives their own, which head_codecs owns.
+    // config.head_codecs gives others, which head_codecs owns (one per side and name).
     std::unique_ptr<Codec> k_codec;
     std::unique_ptr<Codec> v_codec;
     std::vector<std::unique_ptr<Codec>> head_codecs;
@@ -56,7 +56,8 @@ struct KvCache::Impl {
     // Each kv head's one-head arena of keys and of values, [num_kv_heads]: its codec, unit size
     // and region. Arenas are head-major, [num_kv_heads][num_blocks][units of the head's codec]:
     // a head's consecutive blocks are adjacent, and its region follows the previous head's.
-    // When every head has the layer's codecs, head_stride is the distance between two heads.
+    // head_stride is a head's region: the distance to the next head's when that one has the
+    // same codecs (always, when every head has the layer's).
     std::vector<KvArenaView> k_heads;
     std::vector<KvArenaView> v_heads;
     bool mixed = false;  // some kv head's codecs differ from another's

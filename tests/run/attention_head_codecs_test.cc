@@ -1,9 +1,11 @@
 // Attention over a layer whose kv heads use different codecs (KvConfig::head_codecs): a real
-// KvCache in every layout holds bf16, int8, int4 and KIVI-2 heads side by side. Decode and
-// prefill, with and without scores, go head by head through AttentionAnyHeads; each head's
-// query group must match AttentionReference on the same view, and match what a cache of that
-// head's codecs alone gives for the same tokens (the same bytes, read by the same kernel).
+// KvCache holds bf16, int8, int4 and KIVI-2 heads side by side, all different or in runs of
+// two alike. Decode and prefill, with scores, go through AttentionAnyHeads (one kernel call
+// per run); each head's query group must match AttentionReference on the same view, and what
+// a cache of that head's codecs alone gives for the same tokens (the same bytes, read by the
+// same kernel); after evictions, the reference over each head's own view.
 
+#include <array>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -26,11 +28,19 @@ constexpr int kDim = 64;
 // the mixed cache and of a uniform one holds its tokens as the same bytes.
 constexpr int kTokens = 320;
 
-// The codecs of head h: [k, v].
-const std::string kHeadCodecs[kKvHeads][2] = {
-    {"bf16", "bf16"}, {"int8", "int8"}, {"int4-g32", "int4-g32"}, {"kivi2-g32", "kivi2-g32"}};
+// The codecs of each head, [k, v]: four different ones, or runs of two that read alike
+// (AttentionAnyHeads reads such a run in one call).
+using HeadCodecs = std::array<std::array<std::string, 2>, kKvHeads>;
+const HeadCodecs kAllDifferent = {
+    {{"bf16", "bf16"}, {"int8", "int8"}, {"int4-g32", "int4-g32"}, {"kivi2-g32", "kivi2-g32"}}};
+const HeadCodecs kRunsOfTwo = {{{"int8", "int4-g32"},
+                                {"int8", "int4-g32"},
+                                {"kivi2-g32", "kivi2-g32"},
+                                {"kivi2-g32", "kivi2-g32"}}};
 
-std::unique_ptr<KvCache> MakeCache(::kvstack::LayoutKind layout, bool mixed, int uniform_head) {
+// A cache whose heads have `codecs` (mixed), or whose every head has head `uniform_head`'s.
+std::unique_ptr<KvCache> MakeCache(::kvstack::LayoutKind layout, const HeadCodecs& codecs,
+                                   bool mixed, int uniform_head = 0) {
   KvCacheOptions options;
   options.num_layers = 1;
   options.num_kv_heads = kKvHeads;
@@ -41,14 +51,12 @@ std::unique_ptr<KvCache> MakeCache(::kvstack::LayoutKind layout, bool mixed, int
   if (mixed) {
     options.config.k_codec = options.config.v_codec = "f16";  // every head overrides it
     for (int h = 0; h < kKvHeads; ++h) {
-      options.config.head_codecs.push_back({.layer_idx = 0,
-                                            .kv_head = h,
-                                            .k_codec = kHeadCodecs[h][0],
-                                            .v_codec = kHeadCodecs[h][1]});
+      options.config.head_codecs.push_back(
+          {.layer_idx = 0, .kv_head = h, .k_codec = codecs[h][0], .v_codec = codecs[h][1]});
     }
   } else {
-    options.config.k_codec = kHeadCodecs[uniform_head][0];
-    options.config.v_codec = kHeadCodecs[uniform_head][1];
+    options.config.k_codec = codecs[uniform_head][0];
+    options.config.v_codec = codecs[uniform_head][1];
   }
   auto cache = KvCache::Create(options);
   KVS_CHECK(cache.ok());
@@ -78,14 +86,16 @@ std::vector<float> GroupOf(const std::vector<float>& rows, int num_queries, int 
 }
 
 class AttentionHeadCodecsTest
-    : public ::testing::TestWithParam<std::tuple<::kvstack::LayoutKind, int>> {};
+    : public ::testing::TestWithParam<std::tuple<::kvstack::LayoutKind, int, bool>> {};
 
 TEST_P(AttentionHeadCodecsTest, EachHeadReadsItsOwnCodec) {
-  const auto [layout, num_queries] = GetParam();
+  const auto [layout, num_queries, runs_of_two] = GetParam();
+  const HeadCodecs& codecs = runs_of_two ? kRunsOfTwo : kAllDifferent;
   ThreadPool pool(2);
-  std::unique_ptr<KvCache> mixed = MakeCache(layout, true, 0);
+  std::unique_ptr<KvCache> mixed = MakeCache(layout, codecs, true);
   const KvLayerView view = mixed->View(Fill(*mixed), 0);
   ASSERT_TRUE(view.mixed_codecs());
+  EXPECT_EQ(view.SameHeads(0, 1), runs_of_two);
   const AttentionParams params{kKvHeads * kGroup, 1.0f / std::sqrt(static_cast<float>(kDim))};
   const std::vector<float> q =
       GridQueries(static_cast<size_t>(num_queries) * params.num_heads * kDim, 3.0f, 3);
@@ -99,9 +109,8 @@ TEST_P(AttentionHeadCodecsTest, EachHeadReadsItsOwnCodec) {
   AttentionReference(view, q.data(), num_queries, params, want.data(), &want_spec);
 
   for (int h = 0; h < kKvHeads; ++h) {
-    SCOPED_TRACE("kv head " + std::to_string(h) + " (" + kHeadCodecs[h][0] + ")");
-    const Case c{
-        .num_queries = num_queries, .k_codec = kHeadCodecs[h][0], .v_codec = kHeadCodecs[h][1]};
+    SCOPED_TRACE("kv head " + std::to_string(h) + " (" + codecs[h][0] + ")");
+    const Case c{.num_queries = num_queries, .k_codec = codecs[h][0], .v_codec = codecs[h][1]};
     ExpectClose(GroupOf(got, num_queries, h), GroupOf(want, num_queries, h), ToleranceFor(c),
                 "output against the reference");
     const std::vector<float> head_scores(got_scores.begin() + h * stride,
@@ -111,7 +120,7 @@ TEST_P(AttentionHeadCodecsTest, EachHeadReadsItsOwnCodec) {
     ExpectClose(head_scores, want_head, ToleranceFor(c), "scores against the reference");
 
     // A cache of head h's codecs for every head, holding the same tokens.
-    std::unique_ptr<KvCache> uniform = MakeCache(layout, false, h);
+    std::unique_ptr<KvCache> uniform = MakeCache(layout, codecs, false, h);
     const KvLayerView uniform_view = uniform->View(Fill(*uniform), 0);
     std::vector<float> alone(q.size());
     Attention(uniform_view, q.data(), num_queries, params, alone.data(), &pool);
@@ -123,17 +132,54 @@ TEST_P(AttentionHeadCodecsTest, EachHeadReadsItsOwnCodec) {
 INSTANTIATE_TEST_SUITE_P(LayoutsAndQueries, AttentionHeadCodecsTest,
                          ::testing::Combine(::testing::Values(::kvstack::LayoutKind::kPaged,
                                                               ::kvstack::LayoutKind::kContiguous),
-                                            ::testing::Values(1, 7)),
+                                            ::testing::Values(1, 7), ::testing::Bool()),
                          [](const auto& info) {
-                           return std::string(std::get<0>(info.param) ==
-                                                      ::kvstack::LayoutKind::kPaged
-                                                  ? "paged"
-                                                  : "contiguous") +
-                                  (std::get<1>(info.param) == 1 ? "_decode" : "_prefill");
+                           const bool paged =
+                               std::get<0>(info.param) == ::kvstack::LayoutKind::kPaged;
+                           return std::string(paged ? "paged" : "contiguous") +
+                                  (std::get<1>(info.param) == 1 ? "_decode" : "_prefill") +
+                                  (std::get<2>(info.param) ? "_runs_of_two" : "_all_different");
                          });
 
+// After evictions heads hold different numbers of tokens too: runs split where either differs,
+// and each head's group matches the reference over that head's own view.
+TEST(AttentionHeadCodecsEvictedTest, RunsSplitWhereTokenCountsDiffer) {
+  ThreadPool pool(2);
+  std::unique_ptr<KvCache> mixed = MakeCache(::kvstack::LayoutKind::kPaged, kRunsOfTwo, true);
+  const SeqId seq = Fill(*mixed);
+  // Head 0 drops the last two 32-token units (the layer's period), head 3 every other unit.
+  std::vector<int> head0, head3;
+  for (int t = 0; t < kTokens; ++t) {
+    if (t < 256) head0.push_back(t);
+    if ((t / 32) % 2 == 0) head3.push_back(t);
+  }
+  ASSERT_TRUE(mixed->RetainTokens(seq, 0, 0, head0).ok());
+  ASSERT_TRUE(mixed->RetainTokens(seq, 0, 3, head3).ok());
+  const KvLayerView view = mixed->View(seq, 0);
+  EXPECT_FALSE(view.SameHeads(0, 1));  // the same codecs, different counts
+  EXPECT_FALSE(view.SameHeads(2, 3));
+  const AttentionParams params{kKvHeads * kGroup, 1.0f / std::sqrt(static_cast<float>(kDim))};
+  for (const int num_queries : {1, 5}) {
+    const std::vector<float> q =
+        GridQueries(static_cast<size_t>(num_queries) * params.num_heads * kDim, 3.0f, 4);
+    std::vector<float> got(q.size());
+    AttentionAnyHeads(view, q.data(), num_queries, params, got.data(), &pool, nullptr);
+    for (int h = 0; h < kKvHeads; ++h) {
+      SCOPED_TRACE("kv head " + std::to_string(h) + ", " + std::to_string(num_queries) +
+                   " queries");
+      const std::vector<float> q_head = GroupOf(q, num_queries, h);
+      std::vector<float> want(q_head.size());
+      AttentionReference(view.HeadView(h), q_head.data(), num_queries, {kGroup, params.scale},
+                         want.data(), nullptr);
+      const Case c{
+          .num_queries = num_queries, .k_codec = kRunsOfTwo[h][0], .v_codec = kRunsOfTwo[h][1]};
+      ExpectClose(GroupOf(got, num_queries, h), want, ToleranceFor(c), "output");
+    }
+  }
+}
+
 TEST(AttentionHeadCodecsDeathTest, AttentionRefusesAMixedView) {
-  std::unique_ptr<KvCache> mixed = MakeCache(::kvstack::LayoutKind::kPaged, true, 0);
+  std::unique_ptr<KvCache> mixed = MakeCache(::kvstack::LayoutKind::kPaged, kAllDifferent, true);
   const KvLayerView view = mixed->View(Fill(*mixed), 0);
   const AttentionParams params{kKvHeads * kGroup, 0.125f};
   std::vector<float> q(static_cast<size_t>(params.num_heads) * kDim, 0.5f), out(q.size());
