@@ -201,6 +201,16 @@ absl::StatusOr<int> TableIndex(std::string_view parent, std::string_view index_t
   return index;
 }
 
+// Reads `value` into *k_codec or *v_codec when `key` names one of them; false for any other
+// key (left to the caller).
+absl::StatusOr<bool> ApplyCodecKey(std::string_view key, const toml::node& value,
+                                   const std::string& full_key, std::string* k_codec,
+                                   std::string* v_codec) {
+  if (key != "k_codec" && key != "v_codec") return false;
+  KVS_ASSIGN_OR_RETURN(*(key == "k_codec" ? k_codec : v_codec), GetString(full_key, value));
+  return true;
+}
+
 // Parses a layer's [head] table: one sub-table per kv head index, each with k_codec and/or
 // v_codec.
 absl::Status ApplyHeadTable(const std::string& layer_table, int layer_idx, const toml::node& node,
@@ -218,11 +228,9 @@ absl::Status ApplyHeadTable(const std::string& layer_table, int layer_idx, const
         .layer_idx = layer_idx, .kv_head = kv_head, .k_codec = "", .v_codec = ""};
     for (const auto& [key, value] : *entry_table) {
       const std::string full_key = absl::StrCat(table_name, ".", std::string(key.str()));
-      if (key.str() == "k_codec") {
-        KVS_ASSIGN_OR_RETURN(entry.k_codec, GetString(full_key, value));
-      } else if (key.str() == "v_codec") {
-        KVS_ASSIGN_OR_RETURN(entry.v_codec, GetString(full_key, value));
-      } else {
+      KVS_ASSIGN_OR_RETURN(const bool codec_key, ApplyCodecKey(key.str(), value, full_key,
+                                                               &entry.k_codec, &entry.v_codec));
+      if (!codec_key) {
         return absl::InvalidArgumentError(absl::StrCat("kv config: unknown key '", full_key,
                                                        "'; allowed: ", JoinNames(kHeadKeys)));
       }
@@ -246,10 +254,10 @@ absl::Status ApplyLayerTable(const toml::node& node, KvConfig* config) {
     entry.layer_idx = layer_idx;
     for (const auto& [key, value] : *entry_table) {
       const std::string full_key = absl::StrCat(table_name, ".", std::string(key.str()));
-      if (key.str() == "k_codec") {
-        KVS_ASSIGN_OR_RETURN(entry.k_codec, GetString(full_key, value));
-      } else if (key.str() == "v_codec") {
-        KVS_ASSIGN_OR_RETURN(entry.v_codec, GetString(full_key, value));
+      KVS_ASSIGN_OR_RETURN(const bool codec_key, ApplyCodecKey(key.str(), value, full_key,
+                                                               &entry.k_codec, &entry.v_codec));
+      if (codec_key) {
+        continue;
       } else if (key.str() == "policy") {
         KVS_ASSIGN_OR_RETURN(entry.policy, GetString(full_key, value));
       } else if (key.str() == "head") {
