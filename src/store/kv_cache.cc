@@ -51,9 +51,11 @@ absl::StatusOr<ArenaPtr> AllocateArena(size_t bytes) {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Bytes of one kv head's units of `codec` in one block of `block_size` token slots.
-size_t HeadBlockBytes(const Codec& codec, int block_size) {
-  return static_cast<size_t>(block_size / codec.group_tokens()) * codec.unit_bytes();
+// Bytes of one kv head's units of `codec` in one block of `block_size` token slots, in the
+// caller's arithmetic (Create checks sizes in 128 bits before it allocates).
+template <typename Int>
+Int HeadBlockBytes(const Codec& codec, Int block_size) {
+  return block_size / static_cast<Int>(codec.group_tokens()) * static_cast<Int>(codec.unit_bytes());
 }
 
 // The one-head arenas of one side of a layer, [num_kv_heads]: head h read with codecs[h], its
@@ -70,7 +72,7 @@ std::vector<KvArenaView> HeadArenas(const std::byte* base, std::span<const Codec
   size_t offset = 0;
   for (size_t h = 0; h < codecs.size(); ++h) {
     const Codec& codec = *codecs[h];
-    const size_t block_bytes = HeadBlockBytes(*layouts[h], block_size);
+    const size_t block_bytes = HeadBlockBytes(*layouts[h], static_cast<size_t>(block_size));
     const size_t region_bytes = static_cast<size_t>(num_blocks) * block_bytes;
     heads.push_back(KvArenaView{.base = base + offset,
                                 .block_stride = block_bytes,
@@ -275,9 +277,9 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
   Wide block_bytes = 0;  // one block in every layer and kv head, keys and values
   for (int layer_idx = 0; layer_idx < options.num_layers; ++layer_idx) {
     for (int h = 0; h < options.num_kv_heads; ++h) {
-      block_bytes += HeadBlockBytes(*k_of_head[layer_idx][h], static_cast<int>(block_size));
+      block_bytes += HeadBlockBytes(*k_of_head[layer_idx][h], block_size);
       if (layers[layer_idx].joint()) continue;
-      block_bytes += HeadBlockBytes(*v_of_head[layer_idx][h], static_cast<int>(block_size));
+      block_bytes += HeadBlockBytes(*v_of_head[layer_idx][h], block_size);
     }
   }
   const Wide reserved = num_blocks * block_bytes;
@@ -298,7 +300,9 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
     Impl::Layer& layer = layers[layer_idx];
     const auto arena_bytes = [&](std::span<const Codec* const> codecs) {
       size_t bytes = 0;
-      for (const Codec* codec : codecs) bytes += HeadBlockBytes(*codec, impl->block_size);
+      for (const Codec* codec : codecs) {
+        bytes += HeadBlockBytes(*codec, static_cast<size_t>(impl->block_size));
+      }
       return bytes * static_cast<size_t>(num_blocks);
     };
     KVS_ASSIGN_OR_RETURN(layer.k, AllocateArena(arena_bytes(k_of_head[layer_idx])));
