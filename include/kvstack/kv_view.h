@@ -20,7 +20,7 @@
 // with consecutive ids are adjacent, so a sequence allocated in order reads as one run per head.
 // A layer whose kv heads use different codecs (KvConfig::head_codecs) has no one head_stride:
 // its view lists one arena per head (head_k, head_v), and readers take head h's through
-// KeyArena(h) / ValueArena(h) or HeadView(h).
+// KeyArena(h) / ValueArena(h), HeadView(h), or HeadsView for a run of heads that read alike.
 // Contiguous: one block of `capacity` slots, first_slot 0. Paged: many blocks, first_slot 0.
 // Ring: one block of `capacity` slots; first_slot moves once the ring has wrapped.
 #pragma once
@@ -131,7 +131,8 @@ struct KvLayerView {
   // Whether the kv heads use different codecs (head_k and head_v are set).
   bool mixed_codecs() const { return !head_k.empty(); }
   // Whether the attention kernels can read the view whole: every kv head holds all num_tokens
-  // tokens, in arenas of one codec. Otherwise each head is read as its own HeadView.
+  // tokens, in arenas of one codec. Otherwise each run of heads that read alike (SameHeads) is
+  // read as its own HeadsView.
   bool uniform_heads() const {
     return !mixed_codecs() && std::all_of(head_tokens.begin(), head_tokens.end(),
                                           [&](int32_t n) { return n == num_tokens; });
