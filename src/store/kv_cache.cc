@@ -218,7 +218,6 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
   for (int layer_idx = 0; layer_idx < options.num_layers; ++layer_idx) {
     Impl::Layer& layer = layers[layer_idx];
     KVS_RETURN_IF_ERROR(CheckLatentPair(config.KCodecOf(layer_idx), config.VCodecOf(layer_idx)));
-    KVS_RETURN_IF_ERROR(check_key_codec(config.KCodecOf(layer_idx), layer_idx));
     KVS_ASSIGN_OR_RETURN(layer.k_codec,
                          make_codec(config.KCodecOf(layer_idx), layer_idx, CodecRole::kKey));
     KVS_ASSIGN_OR_RETURN(layer.v_codec,
