@@ -37,6 +37,8 @@ struct KvBudget {
   int Resolve(int context_tokens, double bytes_per_token) const;
   // "256", "50%", "64KiB"; "" when not set.
   std::string ToString() const;
+
+  bool operator==(const KvBudget&) const = default;
 };
 // Parses "256" (tokens), "50%" or "0.5" (fraction of the context), "4096B", "64KiB", "2MiB"
 // (bytes). Errors: one line naming the forms allowed; zero and negative budgets.
@@ -112,6 +114,8 @@ struct KvConfig {
     std::string k_codec;
     std::string v_codec;
     std::string policy;  // empty: the default policy
+
+    bool operator==(const LayerCodecs&) const = default;
   };
   std::vector<LayerCodecs> layer_codecs;
   // Per-kv-head codec choices that replace the layer's codecs for one kv head of one layer,
@@ -123,6 +127,8 @@ struct KvConfig {
     int kv_head = 0;
     std::string k_codec;
     std::string v_codec;
+
+    bool operator==(const HeadCodecs&) const = default;
   };
   std::vector<HeadCodecs> head_codecs;
   // Calibration profile (`kvstack calibrate`) for low-rank and latent codecs. Default: none.
@@ -142,6 +148,9 @@ struct KvConfig {
 
   // One line, `key=value` pairs, stable order: what reports print.
   std::string ToString() const;
+
+  // Field by field (override lists in order).
+  bool operator==(const KvConfig&) const = default;
 };
 
 // The policy parameters a config sets (policy_sinks, policy_recent, observation_window,
@@ -162,5 +171,12 @@ absl::Status ValidateKvConfig(const KvConfig& config);
 absl::StatusOr<KvConfig> ParseKvConfigToml(std::string_view toml_text);
 // Reads and parses a TOML file; errors name the path.
 absl::StatusOr<KvConfig> LoadKvConfigFile(const std::string& path);
+
+// `config` as a TOML document: a [kv] table with every field (the budget only when set), one
+// [kv.layer.N] table per layer override and one [kv.layer.N.head.H] table per head override,
+// in the order of their lists. ParseKvConfigToml reads it back to a config equal to `config`
+// (doubles are written to round-trip, strings escaped as TOML requires), so that a design
+// chosen by `kvstack sweep --write-config` runs as measured. `config` must be valid.
+std::string KvConfigToml(const KvConfig& config);
 
 }  // namespace kvstack

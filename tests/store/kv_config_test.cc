@@ -5,9 +5,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <utility>
 
 #include "support/scratch_dir.h"
 
@@ -15,6 +17,7 @@ namespace kvstack {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string Message(const absl::Status& status) { return std::string(status.message()); }
 
@@ -336,6 +339,93 @@ TEST(KvConfigTomlTest, SyntaxErrorIsAStatusWithLocation) {
   EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Message(config.status()), HasSubstr("<string>:2:"));
   EXPECT_THAT(Message(config.status()), HasSubstr("TOML syntax error"));
+}
+
+// The override lists in index order: TOML tables are keyed by index, so a document says
+// nothing about the order the overrides were given in.
+KvConfig SortedOverrides(KvConfig config) {
+  std::sort(config.layer_codecs.begin(), config.layer_codecs.end(),
+            [](const auto& a, const auto& b) { return a.layer_idx < b.layer_idx; });
+  std::sort(config.head_codecs.begin(), config.head_codecs.end(), [](const auto& a, const auto& b) {
+    return std::pair(a.layer_idx, a.kv_head) < std::pair(b.layer_idx, b.kv_head);
+  });
+  return config;
+}
+
+void ExpectTomlRoundTrip(const KvConfig& config) {
+  ASSERT_TRUE(ValidateKvConfig(config).ok()) << ValidateKvConfig(config);
+  const std::string toml = KvConfigToml(config);
+  auto parsed = ParseKvConfigToml(toml);
+  ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << toml;
+  EXPECT_EQ(SortedOverrides(*parsed), SortedOverrides(config)) << toml;
+  EXPECT_EQ(SortedOverrides(*parsed).ToString(), SortedOverrides(config).ToString());
+}
+
+TEST(KvConfigTomlWriterTest, DefaultsRoundTrip) {
+  ExpectTomlRoundTrip(KvConfig{});
+  const std::string toml = KvConfigToml(KvConfig{});
+  EXPECT_EQ(toml.substr(0, 5), "[kv]\n");
+  EXPECT_THAT(toml, Not(HasSubstr("budget = \"")));  // an unset budget is not written
+}
+
+TEST(KvConfigTomlWriterTest, EveryFieldChangedRoundTrips) {
+  KvConfig config;
+  config.layout = LayoutKind::kContiguous;
+  config.block_size = 64;
+  config.k_codec = "kivi2-g32";
+  config.v_codec = "int2-g16";
+  config.capacity = 4096;
+  config.max_sequences = 3;
+  config.policy = "snapkv";
+  config.budget = {KvBudget::Kind::kTokens, 256};
+  config.layer_budget = "pyramid";
+  config.head_budget = "adaptive";
+  config.evict_step = 4;
+  config.policy_sinks = 2;
+  config.policy_recent = 8;
+  config.observation_window = 16;
+  config.pool_kernel = 5;
+  config.score_aggregation = "mean";
+  config.sink_tokens = 4;
+  config.recent_tokens = 64;
+  config.hadamard_keys = true;
+  // A path needing every kind of escape TOML has: quotes, backslashes, a newline, non-ASCII.
+  config.profile = "/tmp/a \"quoted\" dir\\x\nnext line é.kvsprof";
+  // Layers and heads out of order, and indices whose text sorts differently from their value.
+  config.layer_codecs = {{.layer_idx = 10, .k_codec = "int8", .v_codec = "", .policy = ""},
+                         {.layer_idx = 2, .k_codec = "", .v_codec = "f16", .policy = "full"}};
+  config.head_codecs = {{.layer_idx = 2, .kv_head = 1, .k_codec = "bf16", .v_codec = ""},
+                        {.layer_idx = 11, .kv_head = 0, .k_codec = "", .v_codec = "int4-g8"},
+                        {.layer_idx = 2, .kv_head = 0, .k_codec = "fp8_e4m3", .v_codec = "int8"}};
+  ExpectTomlRoundTrip(config);
+}
+
+TEST(KvConfigTomlWriterTest, EveryBudgetKindRoundTripsExactly) {
+  KvConfig config;
+  config.policy = "h2o";
+  for (const KvBudget budget :
+       {KvBudget{KvBudget::Kind::kTokens, 1}, KvBudget{KvBudget::Kind::kTokens, 65536},
+        KvBudget{KvBudget::Kind::kFraction, 1.0 / 3.0}, KvBudget{KvBudget::Kind::kFraction, 0.1},
+        KvBudget{KvBudget::Kind::kFraction, 1.0}, KvBudget{KvBudget::Kind::kBytes, 65536},
+        KvBudget{KvBudget::Kind::kBytes, 1000003}}) {
+    config.budget = budget;
+    SCOPED_TRACE(budget.ToString());
+    ExpectTomlRoundTrip(config);
+  }
+}
+
+TEST(KvConfigTomlWriterTest, DuoAndReassignedPositionsRoundTrip) {
+  KvConfig config;
+  config.layout = LayoutKind::kRing;
+  config.policy = "duo";
+  config.budget = {KvBudget::Kind::kFraction, 0.25};
+  config.head_profile = "../shared/heads.kvsheads";
+  config.retrieval_fraction = 0.1;
+  ExpectTomlRoundTrip(config);
+  config.policy = "streaming";
+  config.positions = "reassign";
+  config.layer_codecs = {{.layer_idx = 0, .k_codec = "", .v_codec = "", .policy = "full"}};
+  ExpectTomlRoundTrip(config);
 }
 
 TEST(KvConfigFileTest, LoadsFileAndNamesPathInErrors) {
