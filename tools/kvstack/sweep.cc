@@ -11,6 +11,7 @@
 #include "sweep.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +23,7 @@
 #include "kvstack/codec.h"
 #include "represent/lowrank_codec.h"
 #include "run/sequence_logits.h"
+#include "sweep_choice.h"
 #include "sweep_plot.h"
 
 namespace kvstack::cli {
@@ -209,6 +211,42 @@ absl::Status WritePlot(const std::string& prefix, const std::vector<SweepRow>& r
   return WriteScatterPlot(prefix, plot);
 }
 
+// --max-dppl: names the chosen row (on stderr when stdout carries CSV or JSON) and, with
+// --write-config, writes it. Runs after every other output, so a bound nothing meets loses
+// none of them.
+absl::Status ChooseAndWrite(const SweepFlags& flags, const std::vector<KvConfig>& grid,
+                            const std::vector<SweepRow>& rows, const ReferenceRun& reference,
+                            const EvaluateOptions& options) {
+  KVS_ASSIGN_OR_RETURN(const ChoiceObjective objective, ParseChoiceObjective(flags.prefer));
+  std::vector<ConfigEvaluation> evals;
+  for (const SweepRow& row : rows) evals.push_back(row.eval);
+  KVS_ASSIGN_OR_RETURN(const size_t chosen, ChooseRow(evals, *flags.max_dppl_pct, objective));
+  const ConfigEvaluation& row = evals[chosen];
+  std::string line = absl::StrFormat(
+      "Chosen within ΔPPL <= %g %% (%s): %s, %.2f bits/elem (%.2f of context), ΔPPL %+.3g %%, "
+      "decode attention %.2f µs/token",
+      *flags.max_dppl_pct,
+      objective == ChoiceObjective::kSpeed ? "fastest attention" : "fewest bits of context",
+      SweepLabel(row.config), row.bits_per_element, row.memory_bits, row.delta_ppl_pct,
+      row.decode_attention_us_per_token);
+  if (!flags.write_config_path.empty()) {
+    const ChoiceContext context{.model = flags.model,
+                                .text_file = flags.file,
+                                .ctx = flags.ctx,
+                                .batch = options.batch > 0 ? options.batch : flags.ctx,
+                                .windows = reference.num_windows,
+                                .reference_ppl = reference.perplexity.ppl,
+                                .max_dppl_pct = *flags.max_dppl_pct,
+                                .objective = objective};
+    KVS_RETURN_IF_ERROR(WriteOutput("--write-config", flags.write_config_path,
+                                    ChosenConfigFile(grid[chosen], row, context)));
+    absl::StrAppend(&line, "; written to ", flags.write_config_path);
+  }
+  std::fprintf(flags.csv_path == "-" || flags.json_path == "-" ? stderr : stdout, "%s\n",
+               line.c_str());
+  return absl::OkStatus();
+}
+
 absl::Status RunGridSweep(const SweepFlags& flags, const KvConfig& base,
                           const std::vector<KvConfig>& grid, const LlamaModel& model,
                           std::span<const TokenId> tokens, const EvaluateOptions& options) {
@@ -263,7 +301,8 @@ absl::Status RunGridSweep(const SweepFlags& flags, const KvConfig& base,
   if (!flags.plot_prefix.empty()) {
     KVS_RETURN_IF_ERROR(WritePlot(flags.plot_prefix, rows, frontier, flags.ctx));
   }
-  return absl::OkStatus();
+  if (!flags.max_dppl_pct) return absl::OkStatus();
+  return ChooseAndWrite(flags, grid, rows, reference, options);
 }
 
 absl::Status RunSweep(const SweepFlags& flags) {
@@ -284,6 +323,22 @@ absl::Status RunSweep(const SweepFlags& flags) {
     return absl::InvalidArgumentError(
         absl::StrFormat("--stream must be >= 0 (0 = off), got %d", flags.stream_tokens));
   }
+  if (flags.max_dppl_pct) {
+    // NaN fails both comparisons, so it is refused too.
+    if (!(*flags.max_dppl_pct >= 0 && std::isfinite(*flags.max_dppl_pct))) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--max-dppl must be a percent >= 0 (e.g. 2 for 2 %%), got %g", *flags.max_dppl_pct));
+    }
+    if (flags.stream_tokens > 0) {
+      return absl::InvalidArgumentError(
+          "--max-dppl chooses by ΔPPL over perplexity windows; --stream reports segments instead");
+    }
+    KVS_RETURN_IF_ERROR(ParseChoiceObjective(flags.prefer).status());
+  }
+  if (flags.write_config_path == "-") {
+    return absl::InvalidArgumentError("--write-config needs a file path ('-' is not one)");
+  }
+  KVS_RETURN_IF_ERROR(CheckOutputPath("--write-config", flags.write_config_path));
   KVS_RETURN_IF_ERROR(CheckOutputPath("--csv", flags.csv_path));
   KVS_RETURN_IF_ERROR(CheckOutputPath("--json", flags.json_path));
   KVS_RETURN_IF_ERROR(CheckOutputPath("--plot", flags.plot_prefix));
@@ -377,6 +432,17 @@ RunFn RegisterSweep(CLI::App& app) {
   sub->add_option("--plot", flags->plot_prefix,
                   "write PREFIX.png and PREFIX.svg: ΔPPL vs memory with the Pareto frontier, or "
                   "PPL per segment with --stream (needs gnuplot)");
+  CLI::Option* max_dppl = sub->add_option(
+      "--max-dppl", flags->max_dppl_pct,
+      "after the sweep, choose the best row whose ΔPPL % is at most this (e.g. 2), as --prefer "
+      "says; an error naming the closest row when none is");
+  sub->add_option("--prefer", flags->prefer,
+                  "what the choice minimises: memory (bits per element of context; default) or "
+                  "speed (decode attention time)")
+      ->needs(max_dppl);
+  sub->add_option("--write-config", flags->write_config_path,
+                  "write the chosen configuration as a TOML file for --kv-config")
+      ->needs(max_dppl);
   flags->cache.Add(sub, /*with_grid_flags=*/false);
   flags->engine.Add(sub);
   return [flags]() { return RunSweep(*flags); };

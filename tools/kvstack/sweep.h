@@ -2,6 +2,7 @@
 // modes that run it — perplexity windows (sweep.cc) and one long stream (sweep_stream.cc).
 #pragma once
 
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -34,6 +35,11 @@ struct SweepFlags {
   std::string csv_path;
   std::string json_path;
   std::string plot_prefix;
+  // --max-dppl: choose the best row within this ΔPPL %; --prefer: what "best" means;
+  // --write-config: where the chosen configuration goes as TOML (sweep_choice.h).
+  std::optional<double> max_dppl_pct;
+  std::string prefer = "memory";
+  std::string write_config_path;
   CacheFlags cache;
   EngineFlags engine;
 };

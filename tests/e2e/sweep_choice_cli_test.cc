@@ -1,0 +1,186 @@
+// `kvstack sweep --max-dppl` as a user runs it: the real binary chooses a row of a real sweep
+// on stories260K, writes it with --write-config, and `kvstack perplexity --kv-config` on that
+// file reproduces the row's perplexity, so the design runs as it was measured. The choice is
+// checked against the rows of the same run's JSON; bad input gets one line.
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "cli_runner.h"
+#include "gtest/gtest.h"
+#include "kvstack/kv_config.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+using namespace kvstack::testing_cli;  // NOLINT: test helpers
+
+const std::string kShared = KVS_SHARED_DIR;
+const std::string kModel = kShared + "/models/stories260K.gguf";
+
+class SweepChoiceCliTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ScratchDir() + "/sweep_choice_cli";
+    std::filesystem::create_directories(dir_);
+    // A few windows of 64 tokens: the sweep and the perplexity run both read the whole slice.
+    const std::string text = Slurp(kShared + "/data/tinystories_valid_head256k.txt");
+    std::ofstream(Slice()) << text.substr(0, 1500);
+  }
+  std::string Slice() const { return dir_ + "/slice.txt"; }
+  std::string Sweep() const {
+    return "sweep -m " + kModel + " -f " + Slice() + " --ctx 64 --threads 2";
+  }
+  // The PPL `kvstack perplexity` measures with the chosen file, in the sweep's calls.
+  double PerplexityWith(const std::string& config_path, int batch) const {
+    const CommandResult r = RunCli("perplexity -m " + kModel + " -f " + Slice() +
+                                   " --ctx 64 --threads 2 --json --batch " + std::to_string(batch) +
+                                   " --kv-config " + config_path);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return r.exit_code == 0 ? nlohmann::json::parse(r.out)["ppl"].get<double>() : -1;
+  }
+  std::string dir_;
+};
+
+// The row the test expects: within the bound, fewest memory bits, then lowest ΔPPL.
+int FewestBitsWithin(const nlohmann::json& rows, double max_dppl) {
+  int best = -1;
+  for (int i = 0; i < static_cast<int>(rows.size()); ++i) {
+    const double bits = rows[i]["memory_bits"].get<double>();
+    const double dppl = rows[i]["delta_ppl_pct"].get<double>();
+    if (dppl > max_dppl) continue;
+    if (best < 0 || bits < rows[best]["memory_bits"].get<double>() ||
+        (bits == rows[best]["memory_bits"].get<double>() &&
+         dppl < rows[best]["delta_ppl_pct"].get<double>())) {
+      best = i;
+    }
+  }
+  return best;
+}
+
+TEST_F(SweepChoiceCliTest, ChosenCodecsAreWrittenAndRunAsMeasured) {
+  const std::string chosen = dir_ + "/chosen.toml";
+  const std::string json_path = dir_ + "/rows.json";
+  std::filesystem::remove(chosen);
+  // The base's own fields (sinks, a block size, a head override) must reach the file too.
+  const CommandResult r =
+      RunCli(Sweep() +
+             " --k-codec f16,int8,int4-g8,int2-g8 --v-codec int8,int4-g8 --sinks 4 "
+             "--block-size 32 --head-codec 0:1:f32: --max-dppl 1 --write-config " +
+             chosen + " --json " + json_path);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rows = nlohmann::json::parse(Slurp(json_path))["rows"];
+  ASSERT_EQ(rows.size(), 8u);
+  const int expected = FewestBitsWithin(rows, 1.0);
+  ASSERT_GE(expected, 0);
+  // Some row is outside the bound and some inside has more bits: the choice is a real one.
+  EXPECT_GT(FewestBitsWithin(rows, 1e9), -1);
+  EXPECT_NE(FewestBitsWithin(rows, 1e9), expected);
+  const auto& row = rows[expected];
+  EXPECT_NE(r.out.find("Chosen within ΔPPL <= 1 % (fewest bits of context): "), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("; written to " + chosen), std::string::npos) << r.out;
+
+  auto config = kvstack::LoadKvConfigFile(chosen);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->k_codec, row["k_codec"]);
+  EXPECT_EQ(config->v_codec, row["v_codec"]);
+  EXPECT_EQ(config->sink_tokens, 4);
+  EXPECT_EQ(config->block_size, 32);
+  ASSERT_EQ(config->head_codecs.size(), 1u);
+  EXPECT_EQ(config->KCodecOf(0, 1), "f32");
+  EXPECT_EQ(config->capacity, 0);  // as the user gave it, not the sweep's resolved window
+  const std::string file = Slurp(chosen);
+  EXPECT_EQ(file.rfind("# KV cache design chosen by `kvstack sweep --max-dppl 1", 0), 0u) << file;
+
+  EXPECT_NEAR(PerplexityWith(chosen, 64), row["ppl"].get<double>(),
+              1e-9 * row["ppl"].get<double>());
+}
+
+TEST_F(SweepChoiceCliTest, AnEvictingChoiceCarriesItsPolicyAndBudget) {
+  const std::string chosen = dir_ + "/evicting.toml";
+  const CommandResult r =
+      RunCli(Sweep() + " --policy full,window --budget 24 --max-dppl 1000 --write-config " +
+             chosen + " --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rows = nlohmann::json::parse(r.out)["rows"];
+  ASSERT_EQ(rows.size(), 2u);
+  // Keeping 24 of 64 tokens stores fewer bits of context, and 1000 % admits its loss.
+  ASSERT_EQ(FewestBitsWithin(rows, 1000), 1);
+  // With --json - the choice is named on stderr, so stdout stays JSON.
+  EXPECT_NE(r.err.find("Chosen within ΔPPL <= 1000 % (fewest bits of context): f16 / f16 "
+                       "window@24"),
+            std::string::npos)
+      << r.err;
+  auto config = kvstack::LoadKvConfigFile(chosen);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->policy, "window");
+  EXPECT_EQ(config->budget.ToString(), "24");
+  // An evicting sweep runs in calls of 16 tokens; the file says so, and so reproduces.
+  EXPECT_NE(Slurp(chosen).find("--ctx 64 --batch 16 --kv-config"), std::string::npos);
+  EXPECT_NEAR(PerplexityWith(chosen, 16), rows[1]["ppl"].get<double>(),
+              1e-9 * rows[1]["ppl"].get<double>());
+}
+
+TEST_F(SweepChoiceCliTest, PreferSpeedTakesTheFastestAttentionWithinTheBound) {
+  const CommandResult r =
+      RunCli(Sweep() +
+             " --k-codec f16,int8,int4-g8 --v-codec int8 --max-dppl 50 --prefer speed "
+             "--json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rows = nlohmann::json::parse(r.out)["rows"];
+  int fastest = -1;
+  for (int i = 0; i < static_cast<int>(rows.size()); ++i) {
+    if (rows[i]["delta_ppl_pct"].get<double>() > 50) continue;
+    if (fastest < 0 || rows[i]["decode_attention_us_per_token"].get<double>() <
+                           rows[fastest]["decode_attention_us_per_token"].get<double>()) {
+      fastest = i;
+    }
+  }
+  ASSERT_GE(fastest, 0);
+  const std::string label = rows[fastest]["k_codec"].get<std::string>() + " / " +
+                            rows[fastest]["v_codec"].get<std::string>() + ",";
+  EXPECT_NE(r.err.find("(fastest attention): " + label), std::string::npos) << r.err;
+}
+
+TEST_F(SweepChoiceCliTest, BoundNothingMeetsLosesNoOtherOutput) {
+  const std::string chosen = dir_ + "/never.toml";
+  const std::string csv = dir_ + "/rows.csv";
+  std::filesystem::remove(chosen);
+  const CommandResult r = RunCli(Sweep() + " --k-codec int2-g8 --v-codec int2-g8 --max-dppl 0.5 " +
+                                 "--write-config " + chosen + " --csv " + csv);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("kvstack: --max-dppl 0.5: no configuration is within 0.5 % of the F32 "
+                       "cache's perplexity (the closest, int2-g8 / int2-g8, is +"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(std::filesystem::exists(chosen));
+  EXPECT_EQ(Lines(Slurp(csv)), 2);  // the header and the row
+  EXPECT_NE(r.out.find("| int2-g8 / int2-g8 |"), std::string::npos) << r.out;
+}
+
+TEST_F(SweepChoiceCliTest, BadChoiceInputGetsOneLineBeforeAnyWork) {
+  for (const std::string& args : {
+           Sweep() + " --max-dppl -1",                                    // negative bound
+           Sweep() + " --max-dppl nan",                                   // not a number
+           Sweep() + " --max-dppl 1 --prefer fast",                       // unknown objective
+           Sweep() + " --max-dppl 1 --write-config /no/such/dir/c.toml",  // unwritable
+           Sweep() + " --max-dppl 1 --write-config -",                    // not a file
+           Sweep() + " --max-dppl 1 --stream 256",                        // no ΔPPL rows
+       }) {
+    const CommandResult r = RunCli(args);
+    EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.err;
+    EXPECT_EQ(Lines(r.err), 1) << args << "\n" << r.err;
+    EXPECT_EQ(r.err.rfind("kvstack: ", 0), 0u) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+  // --prefer and --write-config only mean something with a bound: refused alone.
+  for (const char* flag : {" --prefer speed", " --write-config c.toml"}) {
+    const CommandResult r = RunCli(Sweep() + flag);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find("requires --max-dppl"), std::string::npos) << r.err;
+  }
+}
+
+}  // namespace
