@@ -125,8 +125,10 @@ struct GenerateStats {
   double prefill_seconds = 0;  // the prompt's forward pass (its logits give token 1)
   double decode_seconds = 0;   // every later single-token forward pass
   int decode_steps = 0;
-  // Cache bytes the sequence held at the end of generation (blocks in use, stored format).
+  // Cache bytes the sequence held at the end of generation (blocks in use, stored format, and
+  // F32 rows not yet encoded), and of those the F32 rows (KvCache::f32_row_bytes_in_use).
   size_t kv_bytes_in_use = 0;
+  size_t kv_f32_row_bytes = 0;
   double prefill_tokens_per_s() const;
   double decode_tokens_per_s() const;
 };

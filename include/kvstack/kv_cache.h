@@ -143,8 +143,12 @@ class KvCache {
   // Bytes of all arenas (allocated up front).
   size_t bytes_reserved() const;
   // Bytes held by the blocks in use now plus the F32 sink and pending buffers of the live
-  // sequences.
+  // sequences (f32_row_bytes_in_use).
   size_t bytes_in_use() const;
+  // Bytes of the live sequences' F32 sink and pending buffers (sink_tokens, and per layer the
+  // recent window plus a unit still filling): room for rows not yet encoded, outside the arenas
+  // and so outside bytes_reserved.
+  size_t f32_row_bytes_in_use() const;
   const BlockPool& pool() const;
 
  private:

@@ -54,6 +54,7 @@ absl::StatusOr<GenerateStats> Generate(Engine& engine, std::span<const TokenId> 
   };
   const absl::Status status = run();
   stats.kv_bytes_in_use = engine.cache().bytes_in_use();
+  stats.kv_f32_row_bytes = engine.cache().f32_row_bytes_in_use();
   KVS_RETURN_IF_ERROR(engine.FreeSequence(seq_id));
   KVS_RETURN_IF_ERROR(status);
   return stats;

@@ -518,8 +518,11 @@ size_t KvCache::bytes_reserved() const {
 
 size_t KvCache::bytes_in_use() const {
   const size_t num_used = impl_->pool.num_blocks() - impl_->pool.num_free();
-  return num_used * bytes_reserved() / impl_->pool.num_blocks() +
-         impl_->sequences.size() * impl_->SideBytesPerSequence();
+  return num_used * bytes_reserved() / impl_->pool.num_blocks() + f32_row_bytes_in_use();
+}
+
+size_t KvCache::f32_row_bytes_in_use() const {
+  return impl_->sequences.size() * impl_->SideBytesPerSequence();
 }
 
 const BlockPool& KvCache::pool() const { return impl_->pool; }

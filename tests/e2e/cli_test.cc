@@ -33,8 +33,27 @@ TEST(Cli, GenerateGreedyPrintsReferenceTextAndJsonStats) {
   // up to whole blocks of 16: 4 blocks = 64 tokens x 640 B.
   EXPECT_EQ(stats["kv_bytes"].get<size_t>(), 64u * 640u);
   EXPECT_EQ(stats["kv_bytes_per_token"].get<size_t>(), 640u);
+  EXPECT_EQ(stats["kv_f32_row_bytes"].get<size_t>(), 0u);
   EXPECT_EQ(stats["config"]["layout"], "paged");
   EXPECT_EQ(stats["config"]["k_codec"], "f16");
+}
+
+TEST(Cli, GenerateCountsTheF32RowsApartFromTheBlocks) {
+  const std::string args =
+      "generate --model " + kModel + " --prompt 'Once upon a time' -n 48 " + "--temp 0 --sinks 4";
+  const CommandResult r = RunCli(args + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto stats = nlohmann::json::parse(r.err);
+  // 4 sink rows per layer, K and V, of 4 kv heads x 8 F32 dims: 5 x 2 x 4 x 4 x 8 x 4 bytes,
+  // beside the same 4 blocks as without sinks.
+  EXPECT_EQ(stats["kv_f32_row_bytes"].get<size_t>(), 5u * 2 * 4 * 4 * 8 * 4);
+  EXPECT_EQ(stats["kv_bytes"].get<size_t>(), 64u * 640u + 5u * 2 * 4 * 4 * 8 * 4);
+  const CommandResult line = RunCli(args);
+  ASSERT_EQ(line.exit_code, 0) << line.err;
+  EXPECT_NE(line.err.find("KV 46080 bytes in use: 40960 in blocks (640.00 B/token, "),
+            std::string::npos)
+      << line.err;
+  EXPECT_NE(line.err.find(", 5120 in F32 sink and recent rows |"), std::string::npos) << line.err;
 }
 
 TEST(Cli, GenerateWithPromptFileTomlConfigAndSampling) {

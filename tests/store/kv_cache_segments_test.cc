@@ -424,10 +424,12 @@ TEST(KvCacheAccountingTest, FractionalBytesPerTokenAndSideBuffersInUse) {
   // Per layer: K and V buffers of num_kv_heads x (2 sinks + 8 pending) rows of head_dim F32.
   const size_t side_bytes = kNumLayers * 2 * kNumKvHeads * (2 + 8) * kHeadDim * sizeof(float);
   EXPECT_EQ(cache->bytes_in_use(), side_bytes);
+  EXPECT_EQ(cache->f32_row_bytes_in_use(), side_bytes);
   std::mt19937 rng(2);
   History history;
   Append(*cache, seq_id, 9, rng, &history);
   EXPECT_EQ(cache->bytes_in_use(), 2 * block_bytes + side_bytes);
+  EXPECT_EQ(cache->f32_row_bytes_in_use(), side_bytes);
   const KvLayerView view = cache->View(seq_id, 0);
   EXPECT_EQ(view.k.group_tokens, 8);
   EXPECT_EQ(view.k.unit_bytes, 132u);
@@ -436,6 +438,7 @@ TEST(KvCacheAccountingTest, FractionalBytesPerTokenAndSideBuffersInUse) {
   EXPECT_EQ(view.k.head_stride, 8 * 132u);  // then the next head, 8 blocks on
   ASSERT_TRUE(cache->RemoveSequence(seq_id).ok());
   EXPECT_EQ(cache->bytes_in_use(), 0u);
+  EXPECT_EQ(cache->f32_row_bytes_in_use(), 0u);
 }
 
 TEST(KvCacheUnitsTest, ContiguousRegionIsRoundedUpToWholePeriods) {

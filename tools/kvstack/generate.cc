@@ -77,19 +77,25 @@ absl::Status RunGenerate(const GenerateFlags& flags) {
                        {"prefill_tokens_per_s", stats.prefill_tokens_per_s()},
                        {"decode_tokens_per_s", stats.decode_tokens_per_s()},
                        {"kv_bytes", stats.kv_bytes_in_use},
+                       {"kv_f32_row_bytes", stats.kv_f32_row_bytes},
                        {"kv_bytes_reserved", engine->cache().bytes_reserved()},
                        {"kv_bytes_per_token", engine->cache().bytes_per_token()},
                        {"threads", flags.engine.threads},
                        {"config", KvConfigJson(resolved)}};
     std::fprintf(stderr, "%s\n", out.dump().c_str());
   } else {
-    std::fprintf(stderr,
-                 "prefill %d tokens at %.1f tokens/s | decode %d tokens at %.1f tokens/s | KV "
-                 "%zu bytes in use (%.2f B/token, %zu reserved) | %s\n",
-                 stats.prompt_tokens, stats.prefill_tokens_per_s(), stats.generated_tokens,
-                 stats.decode_tokens_per_s(), stats.kv_bytes_in_use,
-                 engine->cache().bytes_per_token(), engine->cache().bytes_reserved(),
-                 resolved.ToString().c_str());
+    std::fprintf(
+        stderr,
+        "prefill %d tokens at %.1f tokens/s | decode %d tokens at %.1f tokens/s | KV "
+        "%zu bytes in use: %zu in blocks (%.2f B/token, %zu reserved)%s | %s\n",
+        stats.prompt_tokens, stats.prefill_tokens_per_s(), stats.generated_tokens,
+        stats.decode_tokens_per_s(), stats.kv_bytes_in_use,
+        stats.kv_bytes_in_use - stats.kv_f32_row_bytes, engine->cache().bytes_per_token(),
+        engine->cache().bytes_reserved(),
+        stats.kv_f32_row_bytes == 0
+            ? ""
+            : absl::StrFormat(", %zu in F32 sink and recent rows", stats.kv_f32_row_bytes).c_str(),
+        resolved.ToString().c_str());
   }
   return absl::OkStatus();
 }
