@@ -2,9 +2,13 @@
 // on stories260K, writes it with --write-config, and `kvstack perplexity --kv-config` on that
 // file reproduces the row's perplexity, so the design runs as it was measured. The choice is
 // checked against the rows of the same run's JSON; bad input gets one line.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cli_runner.h"
 #include "gtest/gtest.h"
@@ -143,6 +147,48 @@ TEST_F(SweepChoiceCliTest, PreferSpeedTakesTheFastestAttentionWithinTheBound) {
   EXPECT_NE(r.err.find("(fastest attention): " + label), std::string::npos) << r.err;
 }
 
+TEST_F(SweepChoiceCliTest, MixBestStoresTheHeadsWhoseProbesLostLeast) {
+  const CommandResult r = RunCli(Sweep() +
+                                 " --k-codec int2 --v-codec int2 --probe-heads int8 "
+                                 "--mix-best 1,3,20 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rows = nlohmann::json::parse(r.out)["rows"];
+  // The grid's row, stories260K's 5 x 4 probes, then one row per count.
+  ASSERT_EQ(rows.size(), 1u + 20u + 3u);
+  std::vector<std::pair<double, int>> ranked;  // (ΔPPL, probe) in layer-major order
+  for (int i = 0; i < 20; ++i) ranked.emplace_back(rows[1 + i]["delta_ppl_pct"].get<double>(), i);
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  auto heads_of = [](const nlohmann::json& row) {
+    std::set<std::pair<int, int>> heads;
+    for (const auto& head : row["config"]["head_codecs"]) {
+      EXPECT_EQ(head["k_codec"], "int8");
+      EXPECT_EQ(head["v_codec"], "int8");
+      heads.emplace(head["layer_idx"].get<int>(), head["kv_head"].get<int>());
+    }
+    return heads;
+  };
+  const auto& best1 = rows[21];
+  const auto& best3 = rows[22];
+  const auto& all20 = rows[23];
+  // One head: the best probe's configuration itself, so the same perplexity to the bit.
+  EXPECT_EQ(heads_of(best1), heads_of(rows[1 + ranked[0].second]));
+  EXPECT_EQ(best1["ppl"].get<double>(), rows[1 + ranked[0].second]["ppl"].get<double>());
+  std::set<std::pair<int, int>> best3_heads;
+  for (int rank = 0; rank < 3; ++rank) {
+    best3_heads.emplace(ranked[rank].second / 4, ranked[rank].second % 4);
+  }
+  EXPECT_EQ(heads_of(best3), best3_heads);
+  const double int2_bits = rows[0]["bits_per_element"].get<double>();
+  const double int8_bits = all20["bits_per_element"].get<double>();
+  EXPECT_GT(int8_bits, int2_bits);
+  EXPECT_DOUBLE_EQ(best1["bits_per_element"].get<double>(), (19 * int2_bits + int8_bits) / 20);
+  EXPECT_DOUBLE_EQ(best3["bits_per_element"].get<double>(), (17 * int2_bits + 3 * int8_bits) / 20);
+  EXPECT_EQ(heads_of(all20).size(), 20u);
+  // Every head in int8 loses least of all, the probes' best one head more than it.
+  EXPECT_LT(all20["delta_ppl_pct"].get<double>(), best1["delta_ppl_pct"].get<double>());
+}
+
 TEST_F(SweepChoiceCliTest, BoundNothingMeetsLosesNoOtherOutput) {
   const std::string chosen = dir_ + "/never.toml";
   const std::string csv = dir_ + "/rows.csv";
@@ -168,6 +214,9 @@ TEST_F(SweepChoiceCliTest, BadChoiceInputGetsOneLineBeforeAnyWork) {
            Sweep() + " --max-dppl 1 --write-config /no/such/dir/c.toml",  // unwritable
            Sweep() + " --max-dppl 1 --write-config -",                    // not a file
            Sweep() + " --max-dppl 1 --stream 256",                        // no ΔPPL rows
+           Sweep() + " --probe-heads int8 --mix-best 0",                  // no heads
+           Sweep() + " --probe-heads int8 --mix-best 21",                 // 20 kv heads
+           Sweep() + " --probe-heads int8 --mix-best 2 --stream 256",     // no ΔPPL rows
        }) {
     const CommandResult r = RunCli(args);
     EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.err;
@@ -181,6 +230,11 @@ TEST_F(SweepChoiceCliTest, BadChoiceInputGetsOneLineBeforeAnyWork) {
     EXPECT_EQ(r.exit_code, 2) << r.err;
     EXPECT_NE(r.err.find("requires --max-dppl"), std::string::npos) << r.err;
   }
+  const CommandResult mix = RunCli(Sweep() + " --mix-best 2");
+  EXPECT_EQ(mix.exit_code, 2) << mix.err;
+  EXPECT_NE(mix.err.find("--mix-best requires --probe-heads"), std::string::npos) << mix.err;
+  EXPECT_NE(RunCli(Sweep() + " --probe-heads int8 --mix-best 21").err.find("allowed 1..20"),
+            std::string::npos);
 }
 
 }  // namespace

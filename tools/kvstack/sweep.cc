@@ -247,8 +247,15 @@ absl::Status ChooseAndWrite(const SweepFlags& flags, const std::vector<KvConfig>
   return absl::OkStatus();
 }
 
-absl::Status RunGridSweep(const SweepFlags& flags, const KvConfig& base,
-                          const std::vector<KvConfig>& grid, const LlamaModel& model,
+// The --probe-heads rows at the grid's end, and what --mix-best builds from their results.
+struct HeadProbePlan {
+  std::pair<std::string, std::string> codecs;
+  size_t num_rows = 0;  // the grid's last num_rows configurations, layer-major
+  int num_kv_heads = 0;
+};
+
+absl::Status RunGridSweep(const SweepFlags& flags, const KvConfig& base, std::vector<KvConfig> grid,
+                          const std::optional<HeadProbePlan>& probe, const LlamaModel& model,
                           std::span<const TokenId> tokens, const EvaluateOptions& options) {
   int num_windows = flags.ctx > 0 ? static_cast<int>(tokens.size() / flags.ctx) : 0;
   if (flags.max_windows > 0) num_windows = std::min(num_windows, flags.max_windows);
@@ -261,23 +268,41 @@ absl::Status RunGridSweep(const SweepFlags& flags, const KvConfig& base,
   std::optional<RetrievalProbeResult> full_probe;
   {
     ProgressBar bar("sweep");
-    const int total = num_windows * static_cast<int>(grid.size() + 1);
+    const int total =
+        num_windows * static_cast<int>(grid.size() + 1 + (probe ? flags.mix_best.size() : 0));
     KVS_ASSIGN_OR_RETURN(reference, RunReference(model, tokens, base, options,
                                                  [&](int done, int) { bar.Update(done, total); }));
     if (flags.retrieval_probe) {
       KVS_ASSIGN_OR_RETURN(full_probe,
                            RetrievalProbe(model, tokens, reference.config, probe_options));
     }
-    for (size_t i = 0; i < grid.size(); ++i) {
-      const int done_before = num_windows * static_cast<int>(i + 1);
-      SweepRow row;
-      KVS_ASSIGN_OR_RETURN(
-          row.eval, EvaluateConfig(model, tokens, grid[i], options, reference,
-                                   [&](int done, int) { bar.Update(done_before + done, total); }));
-      if (flags.retrieval_probe) {
-        KVS_ASSIGN_OR_RETURN(row.probe, RetrievalProbe(model, tokens, grid[i], probe_options));
+    auto evaluate_rows = [&](size_t begin) -> absl::Status {
+      for (size_t i = begin; i < grid.size(); ++i) {
+        const int done_before = num_windows * static_cast<int>(i + 1);
+        SweepRow row;
+        KVS_ASSIGN_OR_RETURN(row.eval, EvaluateConfig(model, tokens, grid[i], options, reference,
+                                                      [&](int done, int) {
+                                                        bar.Update(done_before + done, total);
+                                                      }));
+        if (flags.retrieval_probe) {
+          KVS_ASSIGN_OR_RETURN(row.probe, RetrievalProbe(model, tokens, grid[i], probe_options));
+        }
+        rows.push_back(std::move(row));
       }
-      rows.push_back(std::move(row));
+      return absl::OkStatus();
+    };
+    KVS_RETURN_IF_ERROR(evaluate_rows(0));
+    if (probe && !flags.mix_best.empty()) {
+      // The mixes need the probes' results, so they are built and run after them.
+      std::vector<double> probe_dppl;
+      for (size_t i = rows.size() - probe->num_rows; i < rows.size(); ++i) {
+        probe_dppl.push_back(rows[i].eval.delta_ppl_pct);
+      }
+      const size_t num_before = grid.size();
+      const std::vector<KvConfig> mixes =
+          HeadMixRows(grid.front(), probe->codecs, probe_dppl, probe->num_kv_heads, flags.mix_best);
+      grid.insert(grid.end(), mixes.begin(), mixes.end());
+      KVS_RETURN_IF_ERROR(evaluate_rows(num_before));
     }
   }
 
@@ -335,6 +360,10 @@ absl::Status RunSweep(const SweepFlags& flags) {
     }
     KVS_RETURN_IF_ERROR(ParseChoiceObjective(flags.prefer).status());
   }
+  if (!flags.mix_best.empty() && flags.stream_tokens > 0) {
+    return absl::InvalidArgumentError(
+        "--mix-best ranks heads by ΔPPL over perplexity windows; --stream reports segments");
+  }
   if (flags.write_config_path == "-") {
     return absl::InvalidArgumentError("--write-config needs a file path ('-' is not one)");
   }
@@ -345,10 +374,21 @@ absl::Status RunSweep(const SweepFlags& flags) {
   if (!flags.plot_prefix.empty()) KVS_RETURN_IF_ERROR(CheckGnuplot());
   KVS_ASSIGN_OR_RETURN(const std::string text, ReadTextFile(flags.file, "text file"));
   KVS_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LoadModel(flags.model));
+  std::optional<HeadProbePlan> probe;
   if (probe_codecs) {
-    const std::vector<KvConfig> probes = HeadProbeRows(
-        grid.front(), *probe_codecs, model->hparams().num_layers, model->hparams().num_kv_heads);
+    const int num_kv_heads = model->hparams().num_kv_heads;
+    const std::vector<KvConfig> probes =
+        HeadProbeRows(grid.front(), *probe_codecs, model->hparams().num_layers, num_kv_heads);
     grid.insert(grid.end(), probes.begin(), probes.end());
+    probe = HeadProbePlan{
+        .codecs = *probe_codecs, .num_rows = probes.size(), .num_kv_heads = num_kv_heads};
+    for (const int count : flags.mix_best) {
+      if (count < 1 || static_cast<size_t>(count) > probes.size()) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("--mix-best %d: allowed 1..%d, the model's kv heads (%d layers x %d)",
+                            count, probes.size(), model->hparams().num_layers, num_kv_heads));
+      }
+    }
   }
   EvaluateOptions options;
   options.ctx = flags.stream_tokens > 0 ? flags.stream_tokens : flags.ctx;
@@ -375,7 +415,7 @@ absl::Status RunSweep(const SweepFlags& flags) {
   if (flags.stream_tokens > 0) {
     return RunStreamSweep(flags, base, grid, *model, tokens, options);
   }
-  return RunGridSweep(flags, base, grid, *model, tokens, options);
+  return RunGridSweep(flags, base, std::move(grid), probe, *model, tokens, options);
 }
 
 }  // namespace
@@ -403,10 +443,16 @@ RunFn RegisterSweep(CLI::App& app) {
                   "--profile): r<rank>[-int4] and e<percent>[-int4] for lowrank-..., or full "
                   "names such as latent-r8")
       ->delimiter(',');
-  sub->add_option("--probe-heads", flags->probe_heads,
-                  "K:V (or one codec for both): after the grid, one row per layer and kv head "
-                  "of the model, the first configuration with that head alone stored as K/V; "
-                  "their ΔPPL ranks the heads for --head-codec");
+  CLI::Option* probe_heads =
+      sub->add_option("--probe-heads", flags->probe_heads,
+                      "K:V (or one codec for both): after the grid, one row per layer and kv head "
+                      "of the model, the first configuration with that head alone stored as K/V; "
+                      "their ΔPPL ranks the heads for --head-codec");
+  sub->add_option("--mix-best", flags->mix_best,
+                  "N,...: after the --probe-heads rows, one row per N: the first configuration "
+                  "with the N heads whose probes lost least stored as the probe's codecs")
+      ->delimiter(',')
+      ->needs(probe_heads);
   sub->add_option("--policy", flags->policies,
                   "selection policies, comma-separated: full, window, streaming, h2o, tova, "
                   "snapkv, duo (default: the base config's)")

@@ -26,6 +26,7 @@ struct SweepFlags {
   bool pairs = false;
   std::vector<std::string> lowrank;  // --lowrank: K = V rows of profiled codecs
   std::string probe_heads;           // --probe-heads: "K:V" or "C" for each (layer, kv head)
+  std::vector<int> mix_best;         // --mix-best: counts of best-probed heads, one row each
   std::vector<std::string> policies;
   std::vector<std::string> budgets;
   bool retrieval_probe = false;
@@ -61,6 +62,16 @@ absl::StatusOr<std::pair<std::string, std::string>> ParseProbeHeads(const std::s
 std::vector<KvConfig> HeadProbeRows(const KvConfig& first,
                                     const std::pair<std::string, std::string>& codecs,
                                     int num_layers, int num_kv_heads);
+
+// --mix-best rows: for each count N in `counts`, `first` with the N (layer, kv head) pairs
+// whose probe rows lost least stored as `codecs`. `probe_dppl` is the probe rows' ΔPPL %,
+// layer-major as HeadProbeRows makes them (ties keep that order). Each N is at most
+// probe_dppl.size(). Ranking once and taking the best N assumes the heads' losses add up; the
+// mixes' own rows measure whether they do.
+std::vector<KvConfig> HeadMixRows(const KvConfig& first,
+                                  const std::pair<std::string, std::string>& codecs,
+                                  std::span<const double> probe_dppl, int num_kv_heads,
+                                  std::span<const int> counts);
 
 // "k / v", then the head overrides ("head.L.H=K/V" for up to two, else "+N head overrides"),
 // "+layer overrides" when layers override the codecs, and "policy@budget" for evicting

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -105,6 +106,23 @@ absl::StatusOr<std::pair<std::string, std::string>> ParseProbeHeads(const std::s
   return std::pair(k, v);
 }
 
+namespace {
+
+// `config` with kv head (layer_idx, kv_head) stored as `codecs`, replacing any override the
+// config has for that head.
+void OverrideHead(int layer_idx, int kv_head, const std::pair<std::string, std::string>& codecs,
+                  KvConfig* config) {
+  std::erase_if(config->head_codecs, [&](const KvConfig::HeadCodecs& head) {
+    return head.layer_idx == layer_idx && head.kv_head == kv_head;
+  });
+  config->head_codecs.push_back({.layer_idx = layer_idx,
+                                 .kv_head = kv_head,
+                                 .k_codec = codecs.first,
+                                 .v_codec = codecs.second});
+}
+
+}  // namespace
+
 std::vector<KvConfig> HeadProbeRows(const KvConfig& first,
                                     const std::pair<std::string, std::string>& codecs,
                                     int num_layers, int num_kv_heads) {
@@ -112,15 +130,28 @@ std::vector<KvConfig> HeadProbeRows(const KvConfig& first,
   for (int layer_idx = 0; layer_idx < num_layers; ++layer_idx) {
     for (int kv_head = 0; kv_head < num_kv_heads; ++kv_head) {
       KvConfig config = first;
-      std::erase_if(config.head_codecs, [&](const KvConfig::HeadCodecs& head) {
-        return head.layer_idx == layer_idx && head.kv_head == kv_head;
-      });
-      config.head_codecs.push_back({.layer_idx = layer_idx,
-                                    .kv_head = kv_head,
-                                    .k_codec = codecs.first,
-                                    .v_codec = codecs.second});
+      OverrideHead(layer_idx, kv_head, codecs, &config);
       rows.push_back(std::move(config));
     }
+  }
+  return rows;
+}
+
+std::vector<KvConfig> HeadMixRows(const KvConfig& first,
+                                  const std::pair<std::string, std::string>& codecs,
+                                  std::span<const double> probe_dppl, int num_kv_heads,
+                                  std::span<const int> counts) {
+  std::vector<int> ranked(probe_dppl.size());
+  std::iota(ranked.begin(), ranked.end(), 0);
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [&](int a, int b) { return probe_dppl[a] < probe_dppl[b]; });
+  std::vector<KvConfig> rows;
+  for (const int count : counts) {
+    KvConfig config = first;
+    for (int rank = 0; rank < count; ++rank) {
+      OverrideHead(ranked[rank] / num_kv_heads, ranked[rank] % num_kv_heads, codecs, &config);
+    }
+    rows.push_back(std::move(config));
   }
   return rows;
 }
