@@ -25,6 +25,7 @@
 #include "base/large_buffer.h"
 #include "kvstack/check.h"
 #include "kvstack/kv_profile.h"
+#include "represent/codec_name.h"
 #include "represent/hadamard.h"
 #include "represent/latent_codec.h"
 #include "represent/lowrank_codec.h"
@@ -227,8 +228,12 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
     std::vector<std::pair<CodecRole, const Codec*>> side_codecs = {
         {CodecRole::kKey, layer.k_codec.get()}, {CodecRole::kValue, layer.v_codec.get()}};
     auto head_codec = [&](const std::string& name, CodecRole role) -> absl::StatusOr<const Codec*> {
+      // Compared by the name a codec reports, which spells out the defaults ("int4" is
+      // "int4-g32"): an alias is the same codec, not a per-head one.
+      const absl::StatusOr<CodecName> parsed = ParseCodecName(name);
+      const std::string reported = parsed.ok() ? parsed->canonical() : name;
       for (const auto& [side, codec] : side_codecs) {
-        if (side == role && codec->name() == name) return codec;
+        if (side == role && codec->name() == reported) return codec;
       }
       KVS_ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, make_codec(name, layer_idx, role));
       layer.head_codecs.push_back(std::move(codec));

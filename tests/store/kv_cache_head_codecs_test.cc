@@ -326,6 +326,31 @@ TEST(HeadCodecsUniformTest, OverridesNamingTheLayersCodecsLeaveItUniform) {
   }
 }
 
+// "int4" is int4-g32 and "kivi2" kivi2-g32: a layer named by a short name, and a head naming
+// the long one, share one codec, so attention reads the layer in one call (Attention refuses
+// a mixed view).
+TEST(HeadCodecsUniformTest, CodecNamesWithDefaultGroupsAreTheSameCodec) {
+  MixCase c{.name = "aliases",
+            .k_codec = "int4",
+            .v_codec = "int2",
+            .heads = {Head(0, 1, "int4-g32", "int2-g32")}};
+  std::unique_ptr<KvCache> cache = MakeCache(c);
+  auto seq = cache->AddSequence();
+  ASSERT_TRUE(seq.ok());
+  std::mt19937 rng(4);
+  History history;
+  Append(*cache, *seq, 70, rng, &history);
+  for (int layer_idx = 0; layer_idx < kNumLayers; ++layer_idx) {
+    const KvLayerView view = cache->View(*seq, layer_idx);
+    EXPECT_FALSE(view.mixed_codecs());
+    EXPECT_TRUE(view.uniform_heads());
+    for (int h = 1; h < kNumKvHeads; ++h) {
+      EXPECT_EQ(&cache->k_codec(layer_idx, 0), &cache->k_codec(layer_idx, h));
+      EXPECT_EQ(&cache->v_codec(layer_idx, 0), &cache->v_codec(layer_idx, h));
+    }
+  }
+}
+
 TEST(HeadCodecsErrorTest, ImpossibleMixesAreOneLineErrors) {
   struct Bad {
     std::vector<KvConfig::HeadCodecs> heads;
