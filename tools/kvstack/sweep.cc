@@ -330,24 +330,8 @@ absl::Status RunGridSweep(const SweepFlags& flags, const KvConfig& base, std::ve
   return ChooseAndWrite(flags, grid, rows, reference, options);
 }
 
-absl::Status RunSweep(const SweepFlags& flags) {
-  KVS_ASSIGN_OR_RETURN(KvConfig base, flags.cache.Resolve());
-  KVS_ASSIGN_OR_RETURN(std::vector<KvConfig> grid, BuildGrid(flags, base));
-  std::optional<std::pair<std::string, std::string>> probe_codecs;
-  if (!flags.probe_heads.empty()) {
-    KVS_ASSIGN_OR_RETURN(probe_codecs, ParseProbeHeads(flags.probe_heads));
-  }
-  if (flags.csv_path == "-" && flags.json_path == "-") {
-    return absl::InvalidArgumentError("only one of --csv and --json can be '-' (stdout)");
-  }
-  if (flags.max_windows < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--max-windows must be >= 0 (0 = all), got %d", flags.max_windows));
-  }
-  if (flags.stream_tokens < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--stream must be >= 0 (0 = off), got %d", flags.stream_tokens));
-  }
+// --max-dppl, --prefer, --write-config and --mix-best, checked before any work.
+absl::Status CheckChoiceFlags(const SweepFlags& flags) {
   if (flags.max_dppl_pct) {
     // NaN fails both comparisons, so it is refused too.
     if (!(*flags.max_dppl_pct >= 0 && std::isfinite(*flags.max_dppl_pct))) {
@@ -367,7 +351,28 @@ absl::Status RunSweep(const SweepFlags& flags) {
   if (flags.write_config_path == "-") {
     return absl::InvalidArgumentError("--write-config needs a file path ('-' is not one)");
   }
-  KVS_RETURN_IF_ERROR(CheckOutputPath("--write-config", flags.write_config_path));
+  return CheckOutputPath("--write-config", flags.write_config_path);
+}
+
+absl::Status RunSweep(const SweepFlags& flags) {
+  KVS_ASSIGN_OR_RETURN(KvConfig base, flags.cache.Resolve());
+  KVS_ASSIGN_OR_RETURN(std::vector<KvConfig> grid, BuildGrid(flags, base));
+  std::optional<std::pair<std::string, std::string>> probe_codecs;
+  if (!flags.probe_heads.empty()) {
+    KVS_ASSIGN_OR_RETURN(probe_codecs, ParseProbeHeads(flags.probe_heads));
+  }
+  if (flags.csv_path == "-" && flags.json_path == "-") {
+    return absl::InvalidArgumentError("only one of --csv and --json can be '-' (stdout)");
+  }
+  if (flags.max_windows < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--max-windows must be >= 0 (0 = all), got %d", flags.max_windows));
+  }
+  if (flags.stream_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--stream must be >= 0 (0 = off), got %d", flags.stream_tokens));
+  }
+  KVS_RETURN_IF_ERROR(CheckChoiceFlags(flags));
   KVS_RETURN_IF_ERROR(CheckOutputPath("--csv", flags.csv_path));
   KVS_RETURN_IF_ERROR(CheckOutputPath("--json", flags.json_path));
   KVS_RETURN_IF_ERROR(CheckOutputPath("--plot", flags.plot_prefix));
