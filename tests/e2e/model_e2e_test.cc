@@ -61,6 +61,14 @@ TEST(ModelE2E, GreedyContinuationMatchesReferenceText) {
 // where the same code runs as in every other window (a whole-text pass takes over 2 min under
 // the sanitizers).
 constexpr int kCompareWindows = 24;
+// The whole-text passes take 2-3 min each under the sanitizers, 5 of CI's 8 min of sanitizer
+// tests. There they are left to the Release run of the same CI (scripts/test.sh runs both); the
+// sanitizers check the same code on the comparison windows.
+#ifdef KVS_SANITIZER_BUILD
+constexpr bool kWholeTextPasses = false;
+#else
+constexpr bool kWholeTextPasses = true;
+#endif
 
 double PerplexityWith(const KvConfig& kv, int ctx, int max_windows = 0) {
   const std::vector<TokenId>& tokens = e2e::SharedTokens();
@@ -79,7 +87,9 @@ TEST(ModelE2E, PerplexityAt512MatchesLlamaCppAndIsTheSameInEveryLayout) {
   // ../shared/reference/README.md: llama.cpp, F16 cache, ctx 512: PPL 4.1311.
   constexpr double kLlamaCppPpl = 4.1311;
   KvConfig paged;
-  EXPECT_NEAR(PerplexityWith(paged, 512), kLlamaCppPpl, 0.005 * kLlamaCppPpl);
+  if (kWholeTextPasses) {
+    EXPECT_NEAR(PerplexityWith(paged, 512), kLlamaCppPpl, 0.005 * kLlamaCppPpl);
+  }
 
   const double ppl_paged = PerplexityWith(paged, 512, kCompareWindows);
   KvConfig contiguous;
@@ -103,7 +113,9 @@ TEST(ModelE2E, F32CacheIsAtLeastAsGoodAsF16AndBf16IsClose) {
   KvConfig bf16;
   bf16.k_codec = bf16.v_codec = "bf16";
   // ../shared/reference/README.md: llama.cpp ctx 256: 4.1630.
-  EXPECT_NEAR(PerplexityWith(f32, 256), 4.1630, 0.005 * 4.1630);
+  if (kWholeTextPasses) {
+    EXPECT_NEAR(PerplexityWith(f32, 256), 4.1630, 0.005 * 4.1630);
+  }
   const double p32 = PerplexityWith(f32, 256, kCompareWindows);
   EXPECT_NEAR(PerplexityWith(f16, 256, kCompareWindows), p32, 0.001 * p32);
   EXPECT_NEAR(PerplexityWith(bf16, 256, kCompareWindows), p32, 0.01 * p32);
