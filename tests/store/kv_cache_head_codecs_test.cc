@@ -307,39 +307,15 @@ INSTANTIATE_TEST_SUITE_P(Mixes, HeadCodecsEvictTest, ::testing::ValuesIn([] {
                          }()),
                          [](const auto& info) { return info.param.name; });
 
-TEST(HeadCodecsUniformTest, OverridesNamingTheLayersCodecsLeaveItUniform) {
-  MixCase c{.name = "same",
-            .k_codec = "int8",
-            .v_codec = "int4-g8",
-            .heads = {Head(0, 0, "int8", "int4-g8"), Head(1, 1, "", "int4-g8")}};
+// A cache of mix `c` after `num_tokens` appended: every layer is one codec per side for all its
+// kv heads (one object, so attention reads the layer in one call), and its view not mixed.
+void ExpectOneCodecPerLayer(const MixCase& c, int num_tokens) {
   std::unique_ptr<KvCache> cache = MakeCache(c);
   auto seq = cache->AddSequence();
   ASSERT_TRUE(seq.ok());
   std::mt19937 rng(3);
   History history;
-  Append(*cache, *seq, 5, rng, &history);
-  for (int layer_idx = 0; layer_idx < kNumLayers; ++layer_idx) {
-    const KvLayerView view = cache->View(*seq, layer_idx);
-    EXPECT_FALSE(view.mixed_codecs());
-    EXPECT_TRUE(view.uniform_heads());
-    EXPECT_EQ(&cache->k_codec(layer_idx, 0), &cache->k_codec(layer_idx, 1));
-  }
-}
-
-// "int4" is int4-g32 and "kivi2" kivi2-g32: a layer named by a short name, and a head naming
-// the long one, share one codec, so attention reads the layer in one call (Attention refuses
-// a mixed view).
-TEST(HeadCodecsUniformTest, CodecNamesWithDefaultGroupsAreTheSameCodec) {
-  MixCase c{.name = "aliases",
-            .k_codec = "int4",
-            .v_codec = "int2",
-            .heads = {Head(0, 1, "int4-g32", "int2-g32")}};
-  std::unique_ptr<KvCache> cache = MakeCache(c);
-  auto seq = cache->AddSequence();
-  ASSERT_TRUE(seq.ok());
-  std::mt19937 rng(4);
-  History history;
-  Append(*cache, *seq, 70, rng, &history);
+  Append(*cache, *seq, num_tokens, rng, &history);
   for (int layer_idx = 0; layer_idx < kNumLayers; ++layer_idx) {
     const KvLayerView view = cache->View(*seq, layer_idx);
     EXPECT_FALSE(view.mixed_codecs());
@@ -349,6 +325,24 @@ TEST(HeadCodecsUniformTest, CodecNamesWithDefaultGroupsAreTheSameCodec) {
       EXPECT_EQ(&cache->v_codec(layer_idx, 0), &cache->v_codec(layer_idx, h));
     }
   }
+}
+
+TEST(HeadCodecsUniformTest, OverridesNamingTheLayersCodecsLeaveItUniform) {
+  ExpectOneCodecPerLayer({.name = "same",
+                          .k_codec = "int8",
+                          .v_codec = "int4-g8",
+                          .heads = {Head(0, 0, "int8", "int4-g8"), Head(1, 1, "", "int4-g8")}},
+                         5);
+}
+
+// "int4" is int4-g32 and "int2" int2-g32: a layer named by a short name, and a head naming the
+// long one, share one codec (Attention refuses a mixed view).
+TEST(HeadCodecsUniformTest, CodecNamesWithDefaultGroupsAreTheSameCodec) {
+  ExpectOneCodecPerLayer({.name = "aliases",
+                          .k_codec = "int4",
+                          .v_codec = "int2",
+                          .heads = {Head(0, 1, "int4-g32", "int2-g32")}},
+                         70);
 }
 
 TEST(HeadCodecsErrorTest, ImpossibleMixesAreOneLineErrors) {
