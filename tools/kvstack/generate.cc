@@ -84,18 +84,17 @@ absl::Status RunGenerate(const GenerateFlags& flags) {
                        {"config", KvConfigJson(resolved)}};
     std::fprintf(stderr, "%s\n", out.dump().c_str());
   } else {
-    std::fprintf(
-        stderr,
-        "prefill %d tokens at %.1f tokens/s | decode %d tokens at %.1f tokens/s | KV "
-        "%zu bytes in use: %zu in blocks (%.2f B/token, %zu reserved)%s | %s\n",
-        stats.prompt_tokens, stats.prefill_tokens_per_s(), stats.generated_tokens,
-        stats.decode_tokens_per_s(), stats.kv_bytes_in_use,
-        stats.kv_bytes_in_use - stats.kv_f32_row_bytes, engine->cache().bytes_per_token(),
-        engine->cache().bytes_reserved(),
+    const std::string f32_rows =
         stats.kv_f32_row_bytes == 0
             ? ""
-            : absl::StrFormat(", %zu in F32 sink and recent rows", stats.kv_f32_row_bytes).c_str(),
-        resolved.ToString().c_str());
+            : absl::StrFormat(", %zu in F32 sink and recent rows", stats.kv_f32_row_bytes);
+    std::fprintf(stderr,
+                 "prefill %d tokens at %.1f tokens/s | decode %d tokens at %.1f tokens/s | KV "
+                 "%zu bytes in use: %zu in blocks (%.2f B/token, %zu reserved)%s | %s\n",
+                 stats.prompt_tokens, stats.prefill_tokens_per_s(), stats.generated_tokens,
+                 stats.decode_tokens_per_s(), stats.kv_bytes_in_use,
+                 stats.kv_bytes_in_use - stats.kv_f32_row_bytes, engine->cache().bytes_per_token(),
+                 engine->cache().bytes_reserved(), f32_rows.c_str(), resolved.ToString().c_str());
   }
   return absl::OkStatus();
 }
