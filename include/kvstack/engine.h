@@ -61,6 +61,8 @@ class Engine {
 
   const LlamaModel& model() const { return model_; }
   const KvCache& cache() const { return *cache_; }
+  // Starts the cache's peak_bytes_in_use again from what it holds now.
+  void ResetCachePeak() { cache_->ResetPeakBytesInUse(); }
   // The options with kv.capacity resolved.
   const EngineOptions& options() const { return options_; }
   // The mean share of the context (options().context_tokens) the cache keeps per layer and kv
@@ -158,6 +160,10 @@ struct PerplexityResult {
   double mean_nll = 0;
   int64_t tokens_scored = 0;
   int num_windows = 0;
+  // The most bytes the cache held at once while the windows ran (KvCache::peak_bytes_in_use:
+  // the blocks in use plus the F32 sink, recent and pending rows, an evicting policy's
+  // not-yet-trimmed tokens included).
+  size_t peak_cache_bytes = 0;
 };
 
 // llama.cpp's llama-perplexity method, so the figures compare: `tokens` is the whole text

@@ -149,6 +149,12 @@ class KvCache {
   // recent window plus a unit still filling): room for rows not yet encoded, outside the arenas
   // and so outside bytes_reserved.
   size_t f32_row_bytes_in_use() const;
+  // The most bytes_in_use() since the cache was created or ResetPeakBytesInUse was last called
+  // (what a run needed at its fullest, e.g. a forward call's new tokens before an evicting
+  // policy trims them).
+  size_t peak_bytes_in_use() const;
+  // Starts the peak again from the bytes in use now.
+  void ResetPeakBytesInUse();
   const BlockPool& pool() const;
 
  private:

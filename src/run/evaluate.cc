@@ -85,6 +85,11 @@ absl::StatusOr<double> TimeDecodeAttention(Engine& engine, std::span<const Token
 
 }  // namespace
 
+double BitsPerElementOfContext(const LlamaHparams& hparams, size_t cache_bytes, int ctx) {
+  const double elements = 2.0 * ctx * hparams.num_layers * hparams.num_kv_heads * hparams.head_dim;
+  return 8.0 * static_cast<double>(cache_bytes) / elements;
+}
+
 KvConfig ReferenceConfig(const KvConfig& config) {
   KvConfig reference = config;
   reference.k_codec = "f32";
@@ -197,6 +202,8 @@ absl::StatusOr<ConfigEvaluation> EvaluateConfig(const LlamaModel& model,
   KVS_CHECK(ppl.tokens_scored == reference.perplexity.tokens_scored);
   result.ppl = ppl.ppl;
   result.ppl_stderr = ppl.ppl_stderr;
+  result.peak_cache_bytes = ppl.peak_cache_bytes;
+  result.bits_at_ctx = BitsPerElementOfContext(hparams, ppl.peak_cache_bytes, options.ctx);
   result.delta_ppl_pct = 100.0 * (ppl.ppl / reference.perplexity.ppl - 1.0);
   result.tokens_scored = ppl.tokens_scored;
   result.num_windows = ppl.num_windows;

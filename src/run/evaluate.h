@@ -69,10 +69,20 @@ struct ConfigEvaluation {
   // the full cache), and the cache's bits per element of context: bits_per_element times it.
   double kept_fraction = 1;
   double memory_bits = 0;
+  // What the cache really held for one window of ctx tokens: its peak bytes in use (blocks in
+  // use, partly filled ones whole, plus the F32 sink, recent and pending rows, which
+  // bits_per_element and memory_bits leave out), and those bits per element of the window
+  // (BitsPerElementOfContext).
+  size_t peak_cache_bytes = 0;
+  double bits_at_ctx = 0;
   // Seconds in attention kernels over the timed decode steps, per step, in microseconds;
   // 0 when decode_steps is 0.
   double decode_attention_us_per_token = 0;
 };
+
+// 8 * cache_bytes over the K and V elements of ctx tokens in every layer and kv head: the bits
+// per element a cache of cache_bytes spends on a context of ctx tokens.
+double BitsPerElementOfContext(const LlamaHparams& hparams, size_t cache_bytes, int ctx);
 
 // The reference configuration for `config`: the same layout, block size and sequences, with
 // every codec F32, no per-layer overrides, no sinks, no key rotation, and the full cache

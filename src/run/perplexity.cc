@@ -48,6 +48,7 @@ absl::StatusOr<PerplexityResult> Perplexity(Engine& engine, std::span<const Toke
   int64_t count = 0;
   std::vector<TokenId> window(ctx);
   std::vector<float> logits;
+  engine.ResetCachePeak();
   for (int w = 0; w < num_windows; ++w) {
     std::copy_n(tokens.begin() + static_cast<size_t>(w) * ctx, ctx, window.begin());
     window[0] = bos;
@@ -66,6 +67,7 @@ absl::StatusOr<PerplexityResult> Perplexity(Engine& engine, std::span<const Toke
   PerplexityResult result;
   result.num_windows = num_windows;
   result.tokens_scored = count;
+  result.peak_cache_bytes = engine.cache().peak_bytes_in_use();
   result.mean_nll = nll_sum / count;
   result.ppl = std::exp(result.mean_nll);
   const double variance = nll2_sum / count - result.mean_nll * result.mean_nll;

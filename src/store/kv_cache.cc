@@ -453,6 +453,7 @@ absl::Status KvCache::CommitAppend(const AppendPlan& plan) {
     KVS_CHECK(block.ok());  // the plan checked num_free
     seq.block_table.push_back(*block);
   }
+  impl_->NotePeak();
   seq.num_appended += plan.num_new_tokens;
   const int old_num_tokens = seq.num_tokens;
   if (impl_->options.config.layout == LayoutKind::kRing) {
@@ -516,15 +517,14 @@ double KvCache::bits_per_element() const {
 }
 
 size_t KvCache::bytes_reserved() const {
-  size_t block_bytes = 0;
-  for (const Impl::Layer& layer : impl_->layers) block_bytes += layer.BlockBytes();
-  return static_cast<size_t>(impl_->pool.num_blocks()) * block_bytes;
+  return static_cast<size_t>(impl_->pool.num_blocks()) * impl_->BlockBytes();
 }
 
-size_t KvCache::bytes_in_use() const {
-  const size_t num_used = impl_->pool.num_blocks() - impl_->pool.num_free();
-  return num_used * bytes_reserved() / impl_->pool.num_blocks() + f32_row_bytes_in_use();
-}
+size_t KvCache::bytes_in_use() const { return impl_->BytesInUse(); }
+
+size_t KvCache::peak_bytes_in_use() const { return impl_->peak_bytes_in_use; }
+
+void KvCache::ResetPeakBytesInUse() { impl_->peak_bytes_in_use = impl_->BytesInUse(); }
 
 size_t KvCache::f32_row_bytes_in_use() const {
   return impl_->sequences.size() * impl_->SideBytesPerSequence();

@@ -100,6 +100,9 @@ struct KvCache::Impl {
   // Ids are never reused, so a plan or view of a removed sequence cannot silently apply to a
   // newer one.
   SeqId next_seq_id = 0;
+  // The most BytesInUse() since creation or KvCache::ResetPeakBytesInUse: noted wherever
+  // blocks or sequences are added (Insert, CommitAppend, Unshare).
+  size_t peak_bytes_in_use = 0;
 
   explicit Impl(int32_t num_blocks) : pool(num_blocks) {}
 
@@ -183,6 +186,18 @@ struct KvCache::Impl {
     return side;
   }
 
+  // Bytes of one block in every layer, keys and values.
+  size_t BlockBytes() const {
+    size_t bytes = 0;
+    for (const Layer& layer : layers) bytes += layer.BlockBytes();
+    return bytes;
+  }
+  size_t BytesInUse() const {
+    const size_t num_used = static_cast<size_t>(pool.num_blocks() - pool.num_free());
+    return num_used * BlockBytes() + sequences.size() * SideBytesPerSequence();
+  }
+  void NotePeak() { peak_bytes_in_use = std::max(peak_bytes_in_use, BytesInUse()); }
+
   // Bytes of one sequence's side buffers in all layers (the same for every sequence).
   size_t SideBytesPerSequence() const {
     const size_t row_floats = static_cast<size_t>(options.num_kv_heads) * options.head_dim;
@@ -227,11 +242,13 @@ struct KvCache::Impl {
       pool.Unref(shared);
       seq.block_table[idx] = *copy;
     }
+    NotePeak();
   }
 
   SeqId Insert(Sequence seq) {
     const SeqId seq_id = next_seq_id++;
     sequences.emplace(seq_id, std::move(seq));
+    NotePeak();
     return seq_id;
   }
 

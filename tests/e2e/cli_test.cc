@@ -96,6 +96,9 @@ TEST(Cli, PerplexityJson) {
   EXPECT_GT(result["ppl_stderr"].get<double>(), 0.0);
   EXPECT_EQ(result["tokens_scored"].get<int>() % 127, 0);
   EXPECT_EQ(result["config"]["layout"], "contiguous");
+  // F16 K and V: 256 tokens x 5 layers x 4 kv heads x 8 dims x 2 x 2 bytes, 16 bits each.
+  EXPECT_EQ(result["peak_cache_bytes"], 256 * 5 * 4 * 8 * 2 * 2);
+  EXPECT_EQ(result["bits_at_ctx"], 16.0);
 }
 
 // With no --block-size, the paged blocks are sized to the codecs' units: KIVI-2 keys of 32
@@ -107,6 +110,9 @@ TEST(Cli, DefaultBlockSizeFitsTheCodecsUnits) {
   const auto result = nlohmann::json::parse(r.out);
   EXPECT_EQ(result["config"]["block_size"], 32);
   EXPECT_EQ(result["config"]["k_codec"], "kivi2");
+  // 4.5 bits per element in the blocks, plus room for a 32-token unit still filling in F32:
+  // 32 bits for 32 of the 256 tokens.
+  EXPECT_DOUBLE_EQ(result["bits_at_ctx"].get<double>(), 4.5 + 32.0 * 32 / 256);
   EXPECT_GT(result["ppl"].get<double>(), 2.0);
   EXPECT_LT(result["ppl"].get<double>(), 12.0);
 }

@@ -152,6 +152,43 @@ TEST_F(EvaluateTest, SizesAverageOverLayersWhenLayerCodecsDiffer) {
                    ((4.0 + 2.0) + 4.0 * (n - 1)) * hp.head_dim * hp.num_kv_heads / n);
 }
 
+TEST_F(EvaluateTest, BitsAtCtxCountTheBlocksInUseAndTheF32Rows) {
+  const LlamaHparams& hp = model_->hparams();
+  const size_t row_floats = static_cast<size_t>(hp.num_kv_heads) * hp.head_dim;
+  const size_t f32_window_bytes = kCtx * hp.num_layers * 2 * row_floats * sizeof(float);
+  EXPECT_EQ(reference_->perplexity.peak_cache_bytes, f32_window_bytes);
+
+  KvConfig f16 = Codecs("f16", "f16");
+  f16.block_size = 16;  // kCtx tokens fill whole blocks
+  const ConfigEvaluation whole = Evaluate(f16);
+  EXPECT_EQ(whole.peak_cache_bytes, f32_window_bytes / 2);
+  EXPECT_EQ(whole.bits_at_ctx, 16.0);
+
+  // With a recent window the newest tokens wait in F32 rows (room for the window plus one
+  // unit, in every layer), on top of the blocks, which hold a slot for every token of the
+  // sequence, the waiting ones' included.
+  KvConfig windowed = Codecs("int8", "int8");
+  windowed.block_size = 16;
+  windowed.recent_tokens = 16;
+  const ConfigEvaluation e = Evaluate(windowed);
+  const size_t block_bytes =
+      static_cast<size_t>(kCtx * e.bytes_per_token_per_layer) * hp.num_layers;
+  const size_t f32_row_bytes = static_cast<size_t>(windowed.recent_tokens + 1) * hp.num_layers * 2 *
+                               row_floats * 4;  // int8's unit: 1
+  EXPECT_EQ(e.peak_cache_bytes, block_bytes + f32_row_bytes);
+  EXPECT_DOUBLE_EQ(e.bits_at_ctx, BitsPerElementOfContext(hp, block_bytes + f32_row_bytes, kCtx));
+  EXPECT_GT(e.bits_at_ctx, e.bits_per_element);
+  EXPECT_EQ(e.memory_bits, e.bits_per_element);  // the encoded tokens' figure leaves them out
+}
+
+TEST(BitsPerElementOfContextTest, DividesBitsByTheKAndVElementsOfTheContext) {
+  const LlamaHparams hp{.num_layers = 2, .num_heads = 3, .num_kv_heads = 3, .head_dim = 4};
+  // 100 tokens x 2 layers x 3 heads x 4 dims x K and V = 4800 elements.
+  EXPECT_DOUBLE_EQ(BitsPerElementOfContext(hp, 4800, 100), 8.0);
+  EXPECT_DOUBLE_EQ(BitsPerElementOfContext(hp, 600, 100), 1.0);
+  EXPECT_EQ(BitsPerElementOfContext(hp, 0, 100), 0.0);
+}
+
 TEST_F(EvaluateTest, DecodeAttentionIsTimed) {
   const ConfigEvaluation e = Evaluate(Codecs("f16", "f16"));
   EXPECT_GT(e.decode_attention_us_per_token, 0.0);

@@ -313,6 +313,8 @@ TEST_P(EvictConformanceTest, KeptTokensMoveForwardAndAppendsLandNewest) {
   AppendBoth(*cache, seq, 23, rng, &history, &model);  // the ring (24) wraps
   ExpectHolds(*cache, seq, history, model);
   const int n = cache->NumTokens(seq);
+  const size_t peak_before_eviction = cache->peak_bytes_in_use();
+  EXPECT_EQ(peak_before_eviction, cache->bytes_in_use());
 
   // One head: the others and the other layer are untouched, NumTokens stays.
   const std::vector<int> keep01 = Spread(n, 3, 4, 0);
@@ -340,6 +342,9 @@ TEST_P(EvictConformanceTest, KeptTokensMoveForwardAndAppendsLandNewest) {
               BlocksFor(*cache, cache->NumTokens(seq)));
   }
   ExpectBytesInUse(*cache, 1);
+  // The blocks that went back still count in the peak: the sequence needed them.
+  EXPECT_EQ(cache->peak_bytes_in_use(), peak_before_eviction);
+  if (paged) EXPECT_LT(cache->bytes_in_use(), peak_before_eviction);
 
   // Appends grow every head as its newest tokens (the ring wraps again and drops the oldest).
   AppendBoth(*cache, seq, 9, rng, &history, &model);

@@ -407,7 +407,7 @@ TEST(KvCacheHadamardTest, StoredKeyIsHTimesKeyAndValuesAreNotRotated) {
   }
 }
 
-TEST(KvCacheAccountingTest, FractionalBytesPerTokenAndSideBuffersInUse) {
+TEST(KvCacheAccountingTest, FractionalBytesPerTokenSideBuffersAndPeakInUse) {
   // K: 8-token units of 8*4 floats + a 4-byte checksum = 132 bytes; V: bf16, 8 bytes a token.
   Params params{
       .layout = LayoutKind::kPaged,
@@ -436,9 +436,18 @@ TEST(KvCacheAccountingTest, FractionalBytesPerTokenAndSideBuffersInUse) {
   EXPECT_EQ(view.k.block_stride, 132u);  // head-major: one head's units of a block
   EXPECT_EQ(view.v.block_stride, 8u * 8);
   EXPECT_EQ(view.k.head_stride, 8 * 132u);  // then the next head, 8 blocks on
+  EXPECT_EQ(cache->peak_bytes_in_use(), cache->bytes_in_use());
   ASSERT_TRUE(cache->RemoveSequence(seq_id).ok());
   EXPECT_EQ(cache->bytes_in_use(), 0u);
   EXPECT_EQ(cache->f32_row_bytes_in_use(), 0u);
+  // The peak remembers the sequence at its longest until it is reset.
+  EXPECT_EQ(cache->peak_bytes_in_use(), 2 * block_bytes + side_bytes);
+  cache->ResetPeakBytesInUse();
+  EXPECT_EQ(cache->peak_bytes_in_use(), 0u);
+  const SeqId next = *cache->AddSequence();
+  EXPECT_EQ(cache->peak_bytes_in_use(), side_bytes);
+  Append(*cache, next, 17, rng, &history);
+  EXPECT_EQ(cache->peak_bytes_in_use(), 3 * block_bytes + side_bytes);
 }
 
 TEST(KvCacheUnitsTest, ContiguousRegionIsRoundedUpToWholePeriods) {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "command.h"
 #include "options.h"
+#include "run/evaluate.h"
 #include "run/sequence_logits.h"
 
 namespace kvstack::cli {
@@ -50,6 +51,8 @@ absl::Status RunPerplexity(const PerplexityFlags& flags) {
                                             [&](int done, int total) { bar.Update(done, total); }));
   }
   const KvConfig& resolved = engine->options().kv;
+  const double bits_at_ctx =
+      BitsPerElementOfContext(model->hparams(), result.peak_cache_bytes, flags.ctx);
   if (flags.json) {
     nlohmann::json out{{"ppl", result.ppl},
                        {"ppl_stderr", result.ppl_stderr},
@@ -57,12 +60,18 @@ absl::Status RunPerplexity(const PerplexityFlags& flags) {
                        {"tokens_scored", result.tokens_scored},
                        {"windows", result.num_windows},
                        {"ctx", flags.ctx},
+                       {"peak_cache_bytes", result.peak_cache_bytes},
+                       {"bits_at_ctx", bits_at_ctx},
                        {"config", KvConfigJson(resolved)}};
     std::printf("%s\n", out.dump().c_str());
   } else {
     std::printf("PPL = %.4f +/- %.5f  (%lld tokens scored in %d windows of %d; %s)\n", result.ppl,
                 result.ppl_stderr, static_cast<long long>(result.tokens_scored), result.num_windows,
                 flags.ctx, resolved.ToString().c_str());
+    std::printf(
+        "KV cache: at most %zu bytes in use in a window (%.2f bits per element of its %d "
+        "tokens, F32 rows included)\n",
+        result.peak_cache_bytes, bits_at_ctx, flags.ctx);
   }
   return absl::OkStatus();
 }
