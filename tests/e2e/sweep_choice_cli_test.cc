@@ -46,15 +46,17 @@ class SweepChoiceCliTest : public testing::Test {
   std::string dir_;
 };
 
-// The row the test expects: within the bound, fewest memory bits, then lowest ΔPPL.
-int FewestBitsWithin(const nlohmann::json& rows, double max_dppl) {
+// The row the test expects: within the bound, the least `bits` (a row's JSON key), then the
+// lowest ΔPPL.
+int FewestBitsWithin(const nlohmann::json& rows, double max_dppl,
+                     const std::string& bits = "memory_bits") {
   int best = -1;
   for (int i = 0; i < static_cast<int>(rows.size()); ++i) {
-    const double bits = rows[i]["memory_bits"].get<double>();
+    const double row_bits = rows[i][bits].get<double>();
     const double dppl = rows[i]["delta_ppl_pct"].get<double>();
     if (dppl > max_dppl) continue;
-    if (best < 0 || bits < rows[best]["memory_bits"].get<double>() ||
-        (bits == rows[best]["memory_bits"].get<double>() &&
+    if (best < 0 || row_bits < rows[best][bits].get<double>() ||
+        (row_bits == rows[best][bits].get<double>() &&
          dppl < rows[best]["delta_ppl_pct"].get<double>())) {
       best = i;
     }
@@ -81,7 +83,8 @@ TEST_F(SweepChoiceCliTest, ChosenCodecsAreWrittenAndRunAsMeasured) {
   EXPECT_GT(FewestBitsWithin(rows, 1e9), -1);
   EXPECT_NE(FewestBitsWithin(rows, 1e9), expected);
   const auto& row = rows[expected];
-  EXPECT_NE(r.out.find("Chosen within ΔPPL <= 1 % (fewest bits of context): "), std::string::npos)
+  EXPECT_NE(r.out.find("Chosen within ΔPPL <= 1 % (fewest bits per element of context): "),
+            std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("; written to " + chosen), std::string::npos) << r.out;
 
@@ -112,8 +115,8 @@ TEST_F(SweepChoiceCliTest, AnEvictingChoiceCarriesItsPolicyAndBudget) {
   // Keeping 24 of 64 tokens stores fewer bits of context, and 1000 % admits its loss.
   ASSERT_EQ(FewestBitsWithin(rows, 1000), 1);
   // With --json - the choice is named on stderr, so stdout stays JSON.
-  EXPECT_NE(r.err.find("Chosen within ΔPPL <= 1000 % (fewest bits of context): f16 / f16 "
-                       "window@24"),
+  EXPECT_NE(r.err.find("Chosen within ΔPPL <= 1000 % (fewest bits per element of context): "
+                       "f16 / f16 window@24"),
             std::string::npos)
       << r.err;
   auto config = kvstack::LoadKvConfigFile(chosen);
@@ -144,7 +147,38 @@ TEST_F(SweepChoiceCliTest, PreferSpeedTakesTheFastestAttentionWithinTheBound) {
   ASSERT_GE(fastest, 0);
   const std::string label = rows[fastest]["k_codec"].get<std::string>() + " / " +
                             rows[fastest]["v_codec"].get<std::string>() + ",";
-  EXPECT_NE(r.err.find("(fastest attention): " + label), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("(fastest decode attention): " + label), std::string::npos) << r.err;
+}
+
+// KIVI keys hold their recent window and a 32-token unit in F32: the fewest bits per element
+// stored, but not the fewest bytes the cache held at ctx 64. The two objectives disagree, and
+// each takes its own figure's least.
+TEST_F(SweepChoiceCliTest, PreferPeakMemoryCountsTheF32Rows) {
+  const std::string grid =
+      " --k-codec kivi4-g32,int4-g8,int8 --v-codec int4-g32,int4-g8 --block-size 32 "
+      "--recent 32 --max-dppl 100 --json -";
+  const CommandResult memory = RunCli(Sweep() + grid);
+  const CommandResult peak = RunCli(Sweep() + grid + " --prefer peak-memory");
+  ASSERT_EQ(memory.exit_code, 0) << memory.err;
+  ASSERT_EQ(peak.exit_code, 0) << peak.err;
+  const auto rows = nlohmann::json::parse(peak.out)["rows"];
+  const int fewest_stored = FewestBitsWithin(rows, 100);
+  const int fewest_held = FewestBitsWithin(rows, 100, "bits_at_ctx");
+  ASSERT_GE(fewest_stored, 0);
+  ASSERT_GE(fewest_held, 0);
+  ASSERT_NE(fewest_stored, fewest_held);
+  EXPECT_GT(rows[fewest_stored]["bits_at_ctx"].get<double>(),
+            rows[fewest_held]["bits_at_ctx"].get<double>());
+  const auto label = [&](int i) {
+    return rows[i]["k_codec"].get<std::string>() + " / " + rows[i]["v_codec"].get<std::string>() +
+           ",";
+  };
+  EXPECT_NE(memory.err.find("(fewest bits per element of context): " + label(fewest_stored)),
+            std::string::npos)
+      << memory.err;
+  EXPECT_NE(peak.err.find("(fewest bytes in use at the run's fullest): " + label(fewest_held)),
+            std::string::npos)
+      << peak.err;
 }
 
 TEST_F(SweepChoiceCliTest, MixBestStoresTheHeadsWhoseProbesLostLeast) {
@@ -224,6 +258,10 @@ TEST_F(SweepChoiceCliTest, BadChoiceInputGetsOneLineBeforeAnyWork) {
     EXPECT_EQ(r.err.rfind("kvstack: ", 0), 0u) << r.err;
     EXPECT_TRUE(r.out.empty()) << r.out;
   }
+  // The unknown objective's line names every one there is.
+  EXPECT_NE(RunCli(Sweep() + " --max-dppl 1 --prefer fast")
+                .err.find("allowed: memory, peak-memory, speed"),
+            std::string::npos);
   // --prefer and --write-config only mean something with a bound: refused alone.
   for (const char* flag : {" --prefer speed", " --write-config c.toml"}) {
     const CommandResult r = RunCli(Sweep() + flag);

@@ -47,10 +47,11 @@ TEST_F(SweepCliTest, GridWritesTableCsvJsonAndPlot) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
 
   // Markdown table: header, separator, one row per K x V pair, in grid order.
-  EXPECT_NE(r.out.find("| config | bits/elem | bytes/token/layer | compression vs F16 | kept |"),
+  EXPECT_NE(r.out.find("| config | bits/elem | bytes/token/layer | compression vs F16 | kept | "
+                       "bits at ctx |"),
             std::string::npos)
       << r.out;
-  const size_t f32_f16 = r.out.find("| f32 / f16 | 24.00 | 192.0 | 0.67x |");
+  const size_t f32_f16 = r.out.find("| f32 / f16 | 24.00 | 192.0 | 0.67x | 1.000 | 24.00 |");
   const size_t f32_bf16 = r.out.find("| f32 / bf16 |");
   const size_t bf16_f16 = r.out.find("| bf16 / f16 |");
   const size_t bf16_bf16 = r.out.find("| bf16 / bf16 | 16.00 | 128.0 | 1.00x |");
@@ -64,10 +65,12 @@ TEST_F(SweepCliTest, GridWritesTableCsvJsonAndPlot) {
   const std::string csv = Slurp(dir_ + "/out.csv");
   EXPECT_EQ(csv.substr(0, csv.find('\n')),
             "k_codec,v_codec,policy,budget,bits_per_element,bytes_per_token_per_layer,"
-            "compression_vs_f16,kept_fraction,memory_bits,ppl,ppl_stderr,delta_ppl_pct,mean_kl,"
-            "top1_agreement,tokens_scored,decode_attention_us_per_token,pareto");
+            "compression_vs_f16,kept_fraction,memory_bits,peak_cache_bytes,bits_at_ctx,ppl,"
+            "ppl_stderr,delta_ppl_pct,mean_kl,top1_agreement,tokens_scored,"
+            "decode_attention_us_per_token,pareto");
   EXPECT_EQ(Lines(csv), 1 + 4);
-  EXPECT_NE(csv.find("\nbf16,bf16,full,,16,128,1,1,16,"), std::string::npos) << csv;
+  // 64 tokens x 128 bytes in each of 5 layers, in whole blocks: 16 bits at ctx.
+  EXPECT_NE(csv.find("\nbf16,bf16,full,,16,128,1,1,16,40960,16,"), std::string::npos) << csv;
   // The table names the frontier; CSV and JSON mark its rows. Some 16-bit pair has the fewest
   // bits, so the frontier is never empty.
   EXPECT_NE(r.out.find("Pareto frontier (fewest bits of context for a given ΔPPL): "),
@@ -77,14 +80,16 @@ TEST_F(SweepCliTest, GridWritesTableCsvJsonAndPlot) {
   EXPECT_EQ(json["ctx"], 64);
   EXPECT_EQ(json["windows"], 3);
   EXPECT_EQ(json["reference"]["config"]["k_codec"], "f32");
+  EXPECT_EQ(json["reference"]["peak_cache_bytes"], 64 * 5 * 256);  // F32 K and V, 5 layers
   const double reference_ppl = json["reference"]["ppl"].get<double>();
   EXPECT_GT(reference_ppl, 1.0);
   ASSERT_EQ(json["rows"].size(), 4u);
   int num_pareto = 0;
   for (const auto& row : json["rows"]) {
-    for (const char* key : {"bits_per_element", "bytes_per_token_per_layer", "compression_vs_f16",
-                            "ppl", "ppl_stderr", "delta_ppl_pct", "mean_kl", "top1_agreement",
-                            "tokens_scored", "decode_attention_us_per_token"}) {
+    for (const char* key :
+         {"bits_per_element", "bytes_per_token_per_layer", "compression_vs_f16", "ppl",
+          "ppl_stderr", "delta_ppl_pct", "mean_kl", "top1_agreement", "tokens_scored",
+          "decode_attention_us_per_token", "peak_cache_bytes", "bits_at_ctx"}) {
       EXPECT_TRUE(row.contains(key)) << key;
     }
     EXPECT_EQ(row["config"]["k_codec"], row["k_codec"]);

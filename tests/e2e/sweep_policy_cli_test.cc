@@ -47,6 +47,10 @@ TEST_F(SweepPolicyCliTest, PoliciesTimesBudgetsWithTheRetrievalProbe) {
   EXPECT_EQ(rows[1]["budget"], "32");
   EXPECT_DOUBLE_EQ(rows[1]["kept_fraction"].get<double>(), 32.0 / 128);
   EXPECT_DOUBLE_EQ(rows[2]["kept_fraction"].get<double>(), 0.5);
+  // What the cache held at its fullest: the 32 kept tokens and a forward call's 16 new ones
+  // before the policy trims them, against 128 for the full cache.
+  EXPECT_DOUBLE_EQ(rows[0]["bits_at_ctx"].get<double>(), 16.0);
+  EXPECT_DOUBLE_EQ(rows[1]["bits_at_ctx"].get<double>(), 16.0 * (32 + 16) / 128);
   for (const auto& row : rows) {
     ASSERT_TRUE(row.contains("retrieval_probe")) << row;
     EXPECT_GT(row["retrieval_probe"]["tokens_scored"].get<int>(), 0);

@@ -82,9 +82,9 @@ double Recall(const RetrievalProbeResult& probe, const RetrievalProbeResult& ful
 std::string MarkdownTable(const std::vector<SweepRow>& rows, const std::vector<int>& frontier,
                           const std::optional<RetrievalProbeResult>& full_probe) {
   std::string out =
-      "| config | bits/elem | bytes/token/layer | compression vs F16 | kept | PPL | ΔPPL % | "
-      "mean KL | top-1 agreement | decode attention µs/token |";
-  std::string rule = "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|";
+      "| config | bits/elem | bytes/token/layer | compression vs F16 | kept | bits at ctx | PPL | "
+      "ΔPPL % | mean KL | top-1 agreement | decode attention µs/token |";
+  std::string rule = "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|";
   if (full_probe) {
     absl::StrAppend(&out, " 2nd-copy NLL | recall |");
     absl::StrAppend(&rule, "---:|---:|");
@@ -93,10 +93,12 @@ std::string MarkdownTable(const std::vector<SweepRow>& rows, const std::vector<i
   for (const SweepRow& row : rows) {
     const ConfigEvaluation& e = row.eval;
     absl::StrAppendFormat(&out,
-                          "| %s | %.2f | %.1f | %.2fx | %.3f | %.4f | %+.3g | %.2e | %.4f | %.2f |",
+                          "| %s | %.2f | %.1f | %.2fx | %.3f | %.2f | %.4f | %+.3g | %.2e | %.4f | "
+                          "%.2f |",
                           SweepLabel(e.config), e.bits_per_element, e.bytes_per_token_per_layer,
-                          e.compression_vs_f16, e.kept_fraction, e.ppl, e.delta_ppl_pct, e.mean_kl,
-                          e.top1_agreement, e.decode_attention_us_per_token);
+                          e.compression_vs_f16, e.kept_fraction, e.bits_at_ctx, e.ppl,
+                          e.delta_ppl_pct, e.mean_kl, e.top1_agreement,
+                          e.decode_attention_us_per_token);
     if (full_probe) {
       absl::StrAppendFormat(&out, " %.3f | %.2f |", row.probe->second_copy_nll,
                             Recall(*row.probe, *full_probe));
@@ -120,18 +122,19 @@ std::string Csv(const std::vector<SweepRow>& rows, const std::vector<int>& front
                 const std::optional<RetrievalProbeResult>& full_probe) {
   std::string out =
       "k_codec,v_codec,policy,budget,bits_per_element,bytes_per_token_per_layer,"
-      "compression_vs_f16,kept_fraction,memory_bits,ppl,ppl_stderr,delta_ppl_pct,mean_kl,"
-      "top1_agreement,tokens_scored,decode_attention_us_per_token,pareto";
+      "compression_vs_f16,kept_fraction,memory_bits,peak_cache_bytes,bits_at_ctx,ppl,ppl_stderr,"
+      "delta_ppl_pct,mean_kl,top1_agreement,tokens_scored,decode_attention_us_per_token,pareto";
   if (full_probe) absl::StrAppend(&out, ",second_copy_nll,recall");
   absl::StrAppend(&out, "\n");
   for (size_t i = 0; i < rows.size(); ++i) {
     const ConfigEvaluation& e = rows[i].eval;
     absl::StrAppendFormat(
-        &out, "%s,%s,%s,%s,%.6g,%.6g,%.6g,%.6g,%.6g,%.6f,%.6f,%.6g,%.6g,%.6f,%d,%.6g,%d",
+        &out, "%s,%s,%s,%s,%.6g,%.6g,%.6g,%.6g,%.6g,%zu,%.6g,%.6f,%.6f,%.6g,%.6g,%.6f,%d,%.6g,%d",
         e.config.k_codec, e.config.v_codec, e.config.policy, e.config.budget.ToString(),
         e.bits_per_element, e.bytes_per_token_per_layer, e.compression_vs_f16, e.kept_fraction,
-        e.memory_bits, e.ppl, e.ppl_stderr, e.delta_ppl_pct, e.mean_kl, e.top1_agreement,
-        e.tokens_scored, e.decode_attention_us_per_token, OnFrontier(frontier, i) ? 1 : 0);
+        e.memory_bits, e.peak_cache_bytes, e.bits_at_ctx, e.ppl, e.ppl_stderr, e.delta_ppl_pct,
+        e.mean_kl, e.top1_agreement, e.tokens_scored, e.decode_attention_us_per_token,
+        OnFrontier(frontier, i) ? 1 : 0);
     if (full_probe) {
       absl::StrAppendFormat(&out, ",%.6g,%.6g", rows[i].probe->second_copy_nll,
                             Recall(*rows[i].probe, *full_probe));
@@ -163,6 +166,8 @@ nlohmann::json Json(const SweepFlags& flags, const KvConfig& base, const Referen
                           {"compression_vs_f16", e.compression_vs_f16},
                           {"kept_fraction", e.kept_fraction},
                           {"memory_bits", e.memory_bits},
+                          {"peak_cache_bytes", e.peak_cache_bytes},
+                          {"bits_at_ctx", e.bits_at_ctx},
                           {"ppl", e.ppl},
                           {"ppl_stderr", e.ppl_stderr},
                           {"delta_ppl_pct", e.delta_ppl_pct},
@@ -186,7 +191,8 @@ nlohmann::json Json(const SweepFlags& flags, const KvConfig& base, const Referen
                        {{"config", KvConfigJson(reference.config)},
                         {"ppl", reference.perplexity.ppl},
                         {"ppl_stderr", reference.perplexity.ppl_stderr},
-                        {"tokens_scored", reference.perplexity.tokens_scored}}},
+                        {"tokens_scored", reference.perplexity.tokens_scored},
+                        {"peak_cache_bytes", reference.perplexity.peak_cache_bytes}}},
                       {"rows", std::move(json_rows)}};
   if (full_probe) json["reference"]["retrieval_probe"] = ProbeJson(*full_probe);
   return json;
@@ -223,11 +229,10 @@ absl::Status ChooseAndWrite(const SweepFlags& flags, const std::vector<KvConfig>
   KVS_ASSIGN_OR_RETURN(const size_t chosen, ChooseRow(evals, *flags.max_dppl_pct, objective));
   const ConfigEvaluation& row = evals[chosen];
   std::string line = absl::StrFormat(
-      "Chosen within ΔPPL <= %g %% (%s): %s, %.2f bits/elem (%.2f of context), ΔPPL %+.3g %%, "
-      "decode attention %.2f µs/token",
-      *flags.max_dppl_pct,
-      objective == ChoiceObjective::kSpeed ? "fastest attention" : "fewest bits of context",
-      SweepLabel(row.config), row.bits_per_element, row.memory_bits, row.delta_ppl_pct,
+      "Chosen within ΔPPL <= %g %% (%s): %s, %.2f bits/elem (%.2f of context, %.2f in use at "
+      "ctx %d), ΔPPL %+.3g %%, decode attention %.2f µs/token",
+      *flags.max_dppl_pct, ChoiceObjectiveWanted(objective), SweepLabel(row.config),
+      row.bits_per_element, row.memory_bits, row.bits_at_ctx, flags.ctx, row.delta_ppl_pct,
       row.decode_attention_us_per_token);
   if (!flags.write_config_path.empty()) {
     const ChoiceContext context{.model = flags.model,
@@ -488,8 +493,10 @@ RunFn RegisterSweep(CLI::App& app) {
       "after the sweep, choose the best row whose ΔPPL % is at most this (e.g. 2), as --prefer "
       "says; an error naming the closest row when none is");
   sub->add_option("--prefer", flags->prefer,
-                  "what the choice minimises: memory (bits per element of context; default) or "
-                  "speed (decode attention time)")
+                  "what the choice minimises: memory (bits per element of context, the figure "
+                  "long contexts approach; default), peak-memory (bytes the cache held at its "
+                  "fullest at this --ctx, F32 recent and pending rows included) or speed (decode "
+                  "attention time)")
       ->needs(max_dppl);
   sub->add_option("--write-config", flags->write_config_path,
                   "write the chosen configuration as a TOML file for --kv-config")

@@ -3,9 +3,11 @@
 
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "sweep.h"
 
@@ -14,10 +16,35 @@ namespace {
 
 // What the objective compares, most significant first.
 std::tuple<double, double, double> Key(const ConfigEvaluation& row, ChoiceObjective objective) {
-  if (objective == ChoiceObjective::kSpeed) {
-    return {row.decode_attention_us_per_token, row.memory_bits, row.delta_ppl_pct};
+  switch (objective) {
+    case ChoiceObjective::kSpeed:
+      return {row.decode_attention_us_per_token, row.memory_bits, row.delta_ppl_pct};
+    case ChoiceObjective::kPeakMemory:
+      return {row.bits_at_ctx, row.delta_ppl_pct, row.decode_attention_us_per_token};
+    case ChoiceObjective::kMemory:
+      break;
   }
   return {row.memory_bits, row.delta_ppl_pct, row.decode_attention_us_per_token};
+}
+
+// Each objective's --prefer name and what it minimises, in the choice line's words.
+struct ObjectiveWords {
+  ChoiceObjective objective;
+  std::string_view name;
+  std::string_view wanted;
+};
+constexpr ObjectiveWords kObjectiveWords[] = {
+    {ChoiceObjective::kMemory, "memory", "fewest bits per element of context"},
+    {ChoiceObjective::kPeakMemory, "peak-memory", "fewest bytes in use at the run's fullest"},
+    {ChoiceObjective::kSpeed, "speed", "fastest decode attention"},
+};
+
+const ObjectiveWords& WordsOf(ChoiceObjective objective) {
+  for (const ObjectiveWords& words : kObjectiveWords) {
+    if (words.objective == objective) return words;
+  }
+  KVS_CHECK(false);
+  return kObjectiveWords[0];
 }
 
 // A comment line's text on one line whatever the paths hold.
@@ -28,14 +55,19 @@ std::string OneLine(const std::string& text) {
 }  // namespace
 
 absl::StatusOr<ChoiceObjective> ParseChoiceObjective(std::string_view name) {
-  if (name == "memory") return ChoiceObjective::kMemory;
-  if (name == "speed") return ChoiceObjective::kSpeed;
-  return absl::InvalidArgumentError(
-      absl::StrCat("--prefer '", std::string(name), "' is unknown; allowed: memory, speed"));
+  std::vector<std::string> names;
+  for (const ObjectiveWords& words : kObjectiveWords) {
+    if (words.name == name) return words.objective;
+    names.emplace_back(words.name);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--prefer '", std::string(name), "' is unknown; allowed: ", absl::StrJoin(names, ", ")));
 }
 
-std::string_view ChoiceObjectiveName(ChoiceObjective objective) {
-  return objective == ChoiceObjective::kSpeed ? "speed" : "memory";
+std::string_view ChoiceObjectiveName(ChoiceObjective objective) { return WordsOf(objective).name; }
+
+std::string_view ChoiceObjectiveWanted(ChoiceObjective objective) {
+  return WordsOf(objective).wanted;
 }
 
 absl::StatusOr<size_t> ChooseRow(std::span<const ConfigEvaluation> rows, double max_dppl_pct,
@@ -60,7 +92,8 @@ std::string ChosenConfigFile(const KvConfig& config, const ConfigEvaluation& row
   std::string out = absl::StrFormat(
       "# KV cache design chosen by `kvstack sweep --max-dppl %g --prefer %s`: of the rows within\n"
       "# %g %% of the F32 full cache's perplexity, the one with the %s.\n"
-      "#   %s: %.2f bits/element (%.2f of context), %.1f bytes/token/layer\n"
+      "#   %s: %.2f bits/element (%.2f of context), %.1f bytes/token/layer;\n"
+      "#   the cache held at most %zu bytes for %d tokens (%.2f bits/element, F32 rows included)\n"
       "#   PPL %.4f against F32 %.4f (ΔPPL %+.3g %%), mean KL %.2e, top-1 agreement %.4f\n"
       "#   decode attention %.2f µs/token\n"
       "# Measured on %s\n"
@@ -69,12 +102,12 @@ std::string ChosenConfigFile(const KvConfig& config, const ConfigEvaluation& row
       "# Measure again: kvstack perplexity --model M --file F --ctx %d --batch %d "
       "--kv-config THIS_FILE\n",
       context.max_dppl_pct, ChoiceObjectiveName(context.objective), context.max_dppl_pct,
-      context.objective == ChoiceObjective::kSpeed ? "fastest decode attention"
-                                                   : "fewest bits per element of context",
-      SweepLabel(config), row.bits_per_element, row.memory_bits, row.bytes_per_token_per_layer,
-      row.ppl, context.reference_ppl, row.delta_ppl_pct, row.mean_kl, row.top1_agreement,
-      row.decode_attention_us_per_token, OneLine(context.model), OneLine(context.text_file),
-      context.windows, context.ctx, context.batch, context.ctx, context.batch);
+      ChoiceObjectiveWanted(context.objective), SweepLabel(config), row.bits_per_element,
+      row.memory_bits, row.bytes_per_token_per_layer, row.peak_cache_bytes, context.ctx,
+      row.bits_at_ctx, row.ppl, context.reference_ppl, row.delta_ppl_pct, row.mean_kl,
+      row.top1_agreement, row.decode_attention_us_per_token, OneLine(context.model),
+      OneLine(context.text_file), context.windows, context.ctx, context.batch, context.ctx,
+      context.batch);
   absl::StrAppend(&out, KvConfigToml(config));
   return out;
 }

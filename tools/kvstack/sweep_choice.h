@@ -1,7 +1,8 @@
-// `kvstack sweep --max-dppl P [--prefer memory|speed] [--write-config FILE]`: the step from
-// measuring cache designs to running one. Among the sweep's rows whose perplexity is within P %
-// of the F32 full cache's, it picks the one that stores the fewest bits per element of context
-// (or attends fastest), and writes it as a TOML file that `--kv-config` runs as it was measured.
+// `kvstack sweep --max-dppl P [--prefer memory|peak-memory|speed] [--write-config FILE]`: the
+// step from measuring cache designs to running one. Among the sweep's rows whose perplexity is
+// within P % of the F32 full cache's, it picks the one that stores the fewest bits per element
+// of context (or held the fewest bytes at its fullest, or attends fastest), and writes it as a
+// TOML file that `--kv-config` runs as it was measured.
 #pragma once
 
 #include <cstddef>
@@ -17,13 +18,17 @@ namespace kvstack::cli {
 
 // What a choice minimises among the rows within the accuracy bound.
 enum class ChoiceObjective {
-  kMemory,  // memory_bits (bits per element of context), then ΔPPL, then attention time
-  kSpeed,   // decode attention time per token, then memory_bits, then ΔPPL
+  kMemory,      // memory_bits (bits per element of context), then ΔPPL, then attention time
+  kPeakMemory,  // bits_at_ctx (the cache's peak bytes in use, F32 rows included), then ΔPPL,
+                // then attention time
+  kSpeed,       // decode attention time per token, then memory_bits, then ΔPPL
 };
 
-// "memory" | "speed"; errors name both.
+// "memory" | "peak-memory" | "speed"; errors name them all.
 absl::StatusOr<ChoiceObjective> ParseChoiceObjective(std::string_view name);
 std::string_view ChoiceObjectiveName(ChoiceObjective objective);
+// What the objective minimises, in words ("fewest bits per element of context", ...).
+std::string_view ChoiceObjectiveWanted(ChoiceObjective objective);
 
 // The index into `rows` of the best row with delta_ppl_pct <= max_dppl_pct, the first of equals.
 // Error (one line): no row qualifies; it names the bound and the row that came closest.
