@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -64,6 +65,43 @@ int FewestBitsWithin(const nlohmann::json& rows, double max_dppl,
   return best;
 }
 
+// The [kv] table of a written file, key by key, against the configuration the sweep's JSON
+// reports for the same row: the TOML writer and the JSON one list KvConfig's fields apart, and
+// this keeps the two lists (and their values) the same. Layer and head overrides are tables in
+// TOML and arrays in JSON; the budget is written only when set.
+void ExpectFileAndJsonHoldTheSameFields(const std::string& file, const nlohmann::json& config) {
+  std::set<std::string> file_keys;
+  bool in_kv = false;
+  std::istringstream lines(file);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    if (line[0] == '[') {
+      in_kv = line == "[kv]";
+      continue;
+    }
+    if (!in_kv) continue;
+    const size_t eq = line.find(" = ");
+    ASSERT_NE(eq, std::string::npos) << line;
+    const std::string key = line.substr(0, eq);
+    const std::string value = line.substr(eq + 3);
+    file_keys.insert(key);
+    ASSERT_TRUE(config.contains(key)) << "the JSON lacks '" << key << "'";
+    const nlohmann::json& json_value = config[key];
+    if (value.front() == '\'') {
+      EXPECT_EQ(json_value, value.substr(1, value.size() - 2)) << key;
+    } else if (value == "true" || value == "false") {
+      EXPECT_EQ(json_value, value == "true") << key;
+    } else {
+      EXPECT_DOUBLE_EQ(json_value.get<double>(), std::stod(value)) << key;
+    }
+  }
+  for (const auto& [key, value] : config.items()) {
+    if (key == "layer_codecs" || key == "head_codecs") continue;
+    if (key == "budget" && value == "") continue;
+    EXPECT_TRUE(file_keys.count(key)) << "the file lacks '" << key << "'";
+  }
+}
+
 TEST_F(SweepChoiceCliTest, ChosenCodecsAreWrittenAndRunAsMeasured) {
   const std::string chosen = dir_ + "/chosen.toml";
   const std::string json_path = dir_ + "/rows.json";
@@ -99,6 +137,10 @@ TEST_F(SweepChoiceCliTest, ChosenCodecsAreWrittenAndRunAsMeasured) {
   EXPECT_EQ(config->capacity, 0);  // as the user gave it, not the sweep's resolved window
   const std::string file = Slurp(chosen);
   EXPECT_EQ(file.rfind("# KV cache design chosen by `kvstack sweep --max-dppl 1", 0), 0u) << file;
+  // The file writes the grid's config, the JSON the resolved one: capacity differs.
+  nlohmann::json resolved = row["config"];
+  resolved["capacity"] = 0;
+  ExpectFileAndJsonHoldTheSameFields(file, resolved);
 
   EXPECT_NEAR(PerplexityWith(chosen, 64), row["ppl"].get<double>(),
               1e-9 * row["ppl"].get<double>());
@@ -123,6 +165,10 @@ TEST_F(SweepChoiceCliTest, AnEvictingChoiceCarriesItsPolicyAndBudget) {
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->policy, "window");
   EXPECT_EQ(config->budget.ToString(), "24");
+  nlohmann::json resolved = rows[1]["config"];
+  resolved["capacity"] = 0;
+  resolved["block_size"] = 0;  // the grid's "auto", which the run resolved
+  ExpectFileAndJsonHoldTheSameFields(Slurp(chosen), resolved);
   // An evicting sweep runs in calls of 16 tokens; the file says so, and so reproduces.
   EXPECT_NE(Slurp(chosen).find("--ctx 64 --batch 16 --kv-config"), std::string::npos);
   EXPECT_NEAR(PerplexityWith(chosen, 16), rows[1]["ppl"].get<double>(),
