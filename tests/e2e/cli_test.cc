@@ -34,6 +34,7 @@ TEST(Cli, GenerateGreedyPrintsReferenceTextAndJsonStats) {
   EXPECT_EQ(stats["kv_bytes"].get<size_t>(), 64u * 640u);
   EXPECT_EQ(stats["kv_bytes_per_token"].get<size_t>(), 640u);
   EXPECT_EQ(stats["kv_f32_row_bytes"].get<size_t>(), 0u);
+  EXPECT_EQ(stats["kv_peak_bytes"].get<size_t>(), 64u * 640u);  // the full cache only grows
   EXPECT_EQ(stats["config"]["layout"], "paged");
   EXPECT_EQ(stats["config"]["k_codec"], "f16");
 }
@@ -50,10 +51,24 @@ TEST(Cli, GenerateCountsTheF32RowsApartFromTheBlocks) {
   EXPECT_EQ(stats["kv_bytes"].get<size_t>(), 64u * 640u + 5u * 2 * 4 * 4 * 8 * 4);
   const CommandResult line = RunCli(args);
   ASSERT_EQ(line.exit_code, 0) << line.err;
-  EXPECT_NE(line.err.find("KV 46080 bytes in use: 40960 in blocks (640.00 B/token, "),
+  EXPECT_NE(line.err.find("KV 46080 bytes in use (at most 46080): 40960 in blocks (640.00 "
+                          "B/token, "),
             std::string::npos)
       << line.err;
   EXPECT_NE(line.err.find(", 5120 in F32 sink and recent rows |"), std::string::npos) << line.err;
+}
+
+// An evicting cache ends with what its budget keeps, but held more in between: the newest
+// token before the policy trims it back.
+TEST(Cli, GenerateReportsThePeakAnEvictingCacheReached) {
+  const CommandResult r = RunCli("generate --model " + kModel +
+                                 " --prompt 'Once upon a time' -n 48 --temp 0 --policy window "
+                                 "--budget 16 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto stats = nlohmann::json::parse(r.err);
+  // 16 tokens kept: one block of 16 x 640 B; 17 before each trim: two.
+  EXPECT_EQ(stats["kv_bytes"].get<size_t>(), 16u * 640u);
+  EXPECT_EQ(stats["kv_peak_bytes"].get<size_t>(), 32u * 640u);
 }
 
 TEST(Cli, GenerateWithPromptFileTomlConfigAndSampling) {

@@ -78,6 +78,7 @@ absl::Status RunGenerate(const GenerateFlags& flags) {
                        {"decode_tokens_per_s", stats.decode_tokens_per_s()},
                        {"kv_bytes", stats.kv_bytes_in_use},
                        {"kv_f32_row_bytes", stats.kv_f32_row_bytes},
+                       {"kv_peak_bytes", engine->cache().peak_bytes_in_use()},
                        {"kv_bytes_reserved", engine->cache().bytes_reserved()},
                        {"kv_bytes_per_token", engine->cache().bytes_per_token()},
                        {"threads", flags.engine.threads},
@@ -90,9 +91,11 @@ absl::Status RunGenerate(const GenerateFlags& flags) {
             : absl::StrFormat(", %zu in F32 sink and recent rows", stats.kv_f32_row_bytes);
     std::fprintf(stderr,
                  "prefill %d tokens at %.1f tokens/s | decode %d tokens at %.1f tokens/s | KV "
-                 "%zu bytes in use: %zu in blocks (%.2f B/token, %zu reserved)%s | %s\n",
+                 "%zu bytes in use (at most %zu): %zu in blocks (%.2f B/token, %zu reserved)%s | "
+                 "%s\n",
                  stats.prompt_tokens, stats.prefill_tokens_per_s(), stats.generated_tokens,
                  stats.decode_tokens_per_s(), stats.kv_bytes_in_use,
+                 engine->cache().peak_bytes_in_use(),
                  stats.kv_bytes_in_use - stats.kv_f32_row_bytes, engine->cache().bytes_per_token(),
                  engine->cache().bytes_reserved(), f32_rows.c_str(), resolved.ToString().c_str());
   }
