@@ -169,7 +169,9 @@ struct PerplexityResult {
 // llama.cpp's llama-perplexity method, so the figures compare: `tokens` is the whole text
 // encoded with BOS first; it is cut into windows of ctx tokens, the first token of each
 // replaced by BOS, and the second half of each window is scored (logits at positions
-// [ctx/2, ctx-1) predicting the next token). progress(done, total) after each window.
+// [ctx/2, ctx-1) predicting the next token). progress(done, total) after each window. The
+// cache's peak is reset at the start (Engine::ResetCachePeak), so peak_cache_bytes is this
+// run's.
 absl::StatusOr<PerplexityResult> Perplexity(Engine& engine, std::span<const TokenId> tokens,
                                             const PerplexityOptions& options,
                                             const std::function<void(int, int)>& progress);
