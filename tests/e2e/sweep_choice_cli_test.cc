@@ -217,7 +217,7 @@ TEST_F(SweepChoiceCliTest, PreferPeakMemoryCountsTheF32Rows) {
             rows[fewest_held]["bits_at_ctx"].get<double>());
   const auto label = [&](int i) {
     return rows[i]["k_codec"].get<std::string>() + " / " + rows[i]["v_codec"].get<std::string>() +
-           ",";
+           " recent=32,";
   };
   EXPECT_NE(memory.err.find("(fewest bits per element of context): " + label(fewest_stored)),
             std::string::npos)

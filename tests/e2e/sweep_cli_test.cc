@@ -63,14 +63,15 @@ TEST_F(SweepCliTest, GridWritesTableCsvJsonAndPlot) {
   EXPECT_NE(r.out.find("93 tokens scored in 3 windows of 64"), std::string::npos) << r.out;
 
   const std::string csv = Slurp(dir_ + "/out.csv");
-  EXPECT_EQ(csv.substr(0, csv.find('\n')),
-            "k_codec,v_codec,policy,budget,bits_per_element,bytes_per_token_per_layer,"
-            "compression_vs_f16,kept_fraction,memory_bits,peak_cache_bytes,bits_at_ctx,ppl,"
-            "ppl_stderr,delta_ppl_pct,mean_kl,top1_agreement,tokens_scored,"
-            "decode_attention_us_per_token,pareto");
+  EXPECT_EQ(
+      csv.substr(0, csv.find('\n')),
+      "k_codec,v_codec,policy,budget,recent_tokens,bits_per_element,bytes_per_token_per_layer,"
+      "compression_vs_f16,kept_fraction,memory_bits,peak_cache_bytes,bits_at_ctx,ppl,"
+      "ppl_stderr,delta_ppl_pct,mean_kl,top1_agreement,tokens_scored,"
+      "decode_attention_us_per_token,pareto");
   EXPECT_EQ(Lines(csv), 1 + 4);
   // 64 tokens x 128 bytes in each of 5 layers, in whole blocks: 16 bits at ctx.
-  EXPECT_NE(csv.find("\nbf16,bf16,full,,16,128,1,1,16,40960,16,"), std::string::npos) << csv;
+  EXPECT_NE(csv.find("\nbf16,bf16,full,,0,16,128,1,1,16,40960,16,"), std::string::npos) << csv;
   // The table names the frontier; CSV and JSON mark its rows. Some 16-bit pair has the fewest
   // bits, so the frontier is never empty.
   EXPECT_NE(r.out.find("Pareto frontier (fewest bits of context for a given ΔPPL): "),
@@ -209,6 +210,48 @@ TEST_F(SweepCliTest, CacheFlagsReachTheBaseConfig) {
   EXPECT_EQ(json["reference"]["config"]["sink_tokens"], 0);
 }
 
+// --recent is a grid dimension: one row per window for each codec pair, labelled with it. The
+// window changes what the cache holds, not what it stores per encoded element: 32 more tokens
+// of F32 K and V rows in a window of 64 are 32 * 32 / 64 = 16 more bits per element at ctx.
+TEST_F(SweepCliTest, RecentWindowsAreAGridDimension) {
+  const CommandResult r =
+      RunCli(Base() +
+             " --k-codec kivi4-g32,int8 --v-codec int4-g32 --block-size 32 --batch 16 "
+             "--recent 0,32 --json " +
+             dir_ + "/recent.json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("| kivi4-g32 / int4-g32 |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| kivi4-g32 / int4-g32 recent=32 |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| int8 / int4-g32 recent=32 |"), std::string::npos) << r.out;
+  const auto rows = nlohmann::json::parse(Slurp(dir_ + "/recent.json"))["rows"];
+  ASSERT_EQ(rows.size(), 4u);  // codec pair outer, window inner
+  for (int pair = 0; pair < 2; ++pair) {
+    const auto& without = rows[2 * pair];
+    const auto& with = rows[2 * pair + 1];
+    EXPECT_EQ(without["recent_tokens"], 0);
+    EXPECT_EQ(with["recent_tokens"], 32);
+    EXPECT_EQ(with["config"]["recent_tokens"], 32);
+    EXPECT_EQ(with["bits_per_element"], without["bits_per_element"]);
+    EXPECT_DOUBLE_EQ(with["bits_at_ctx"].get<double>() - without["bits_at_ctx"].get<double>(),
+                     16.0);
+  }
+  // The frontier at this ctx weighs what the rows held: no row on it is beaten on both counts.
+  EXPECT_NE(r.out.find("At this ctx (fewest bits held, F32 rows included): "), std::string::npos);
+  int num_on_frontier = 0;
+  for (const auto& a : rows) {
+    if (!a["pareto_at_ctx"].get<bool>()) continue;
+    ++num_on_frontier;
+    const double bits = a["bits_at_ctx"].get<double>();
+    const double loss = a["delta_ppl_pct"].get<double>();
+    for (const auto& b : rows) {
+      const double b_bits = b["bits_at_ctx"].get<double>();
+      const double b_loss = b["delta_ppl_pct"].get<double>();
+      EXPECT_FALSE(b_bits <= bits && b_loss <= loss && (b_bits < bits || b_loss < loss));
+    }
+  }
+  EXPECT_GE(num_on_frontier, 1);
+}
+
 TEST_F(SweepCliTest, HeadCodecsGiveOneKvHeadItsOwnCodecs) {
   const std::string grid = Base() + " --k-codec int4 --v-codec int4 --json -";
   const CommandResult plain = RunCli(grid);
@@ -278,6 +321,8 @@ TEST_F(SweepCliTest, BadInputGetsOneLineAndExitOne) {
            Base() + " --pairs --k-codec f16,bf16 --v-codec f16",    // lists of unequal length
            Base() + " --csv /no/such/dir/out.csv",                  // unwritable output
            Base() + " --stream -5",                                 // negative stream
+           Base() + " --recent -1",                                 // negative window
+           Base() + " --k-codec kivi4-g32 --recent 0,8",            // not whole KIVI units
        }) {
     const CommandResult r = RunCli(args);
     EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.err;

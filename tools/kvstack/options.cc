@@ -42,9 +42,11 @@ void CacheFlags::Add(CLI::App* app, bool with_grid_flags) {
   sink_tokens_opt_ = app->add_option(
       "--sinks", sink_tokens_,
       "first S tokens of every sequence kept in F32 whatever the codecs (default 0)");
-  recent_tokens_opt_ = app->add_option(
-      "--recent", recent_tokens_,
-      "most recent tokens kept in F32 before they are encoded (KIVI's residual; default 0)");
+  if (with_grid_flags) {
+    recent_tokens_opt_ = app->add_option(
+        "--recent", recent_tokens_,
+        "most recent tokens kept in F32 before they are encoded (KIVI's residual; default 0)");
+  }
   app->add_flag("--hadamard-keys", hadamard_keys_,
                 "rotate keys by a Hadamard matrix before encoding (default off)");
   app->add_option(
@@ -111,7 +113,9 @@ absl::StatusOr<KvConfig> CacheFlags::Resolve() const {
   if (policy_opt_ != nullptr && policy_opt_->count() > 0) config.policy = policy_;
   if (sink_tokens_opt_->count() > 0) config.sink_tokens = sink_tokens_;
   if (hadamard_keys_) config.hadamard_keys = true;
-  if (recent_tokens_opt_->count() > 0) config.recent_tokens = recent_tokens_;
+  if (recent_tokens_opt_ != nullptr && recent_tokens_opt_->count() > 0) {
+    config.recent_tokens = recent_tokens_;
+  }
   if (!profile_.empty()) config.profile = profile_;
   for (const std::string& spec : layer_codecs_) {
     KVS_ASSIGN_OR_RETURN(KvConfig::LayerCodecs layer, ParseLayerCodec(spec));

@@ -58,11 +58,14 @@ absl::Status CheckGrid(const std::vector<KvConfig>& grid, const LlamaModel& mode
   return CheckConfig(model, ReferenceConfig(grid.front()), options);
 }
 
-// The Pareto frontier of the rows on (memory bits, ΔPPL %), fewest bits first.
-std::vector<int> Frontier(const std::vector<SweepRow>& rows) {
+// The Pareto frontier of the rows on (bits, ΔPPL %), fewest bits first: by default the bits
+// per element of context the encoded tokens take (memory_bits, what long contexts approach),
+// or with &ConfigEvaluation::bits_at_ctx what the cache held at this ctx.
+std::vector<int> Frontier(const std::vector<SweepRow>& rows,
+                          double ConfigEvaluation::*bits_of = &ConfigEvaluation::memory_bits) {
   std::vector<double> bits, loss;
   for (const SweepRow& row : rows) {
-    bits.push_back(row.eval.memory_bits);
+    bits.push_back(row.eval.*bits_of);
     loss.push_back(row.eval.delta_ppl_pct);
   }
   return ParetoFrontier(bits, loss);
@@ -105,10 +108,16 @@ std::string MarkdownTable(const std::vector<SweepRow>& rows, const std::vector<i
     }
     absl::StrAppend(&out, "\n");
   }
-  std::vector<std::string> labels;
-  for (int idx : frontier) labels.push_back(SweepLabel(rows[idx].eval.config));
-  absl::StrAppend(&out, "\nPareto frontier (fewest bits of context for a given ΔPPL): ",
-                  absl::StrJoin(labels, ", "), "\n");
+  const auto labels = [&](const std::vector<int>& indices) {
+    std::vector<std::string> out;
+    for (int idx : indices) out.push_back(SweepLabel(rows[idx].eval.config));
+    return absl::StrJoin(out, ", ");
+  };
+  absl::StrAppend(&out,
+                  "\nPareto frontier (fewest bits of context for a given ΔPPL): ", labels(frontier),
+                  "\n");
+  absl::StrAppend(&out, "At this ctx (fewest bits held, F32 rows included): ",
+                  labels(Frontier(rows, &ConfigEvaluation::bits_at_ctx)), "\n");
   if (full_probe) {
     absl::StrAppendFormat(&out,
                           "Retrieval probe, full F32 cache: 2nd-copy NLL %.3f, 1st-copy NLL %.3f "
@@ -121,7 +130,7 @@ std::string MarkdownTable(const std::vector<SweepRow>& rows, const std::vector<i
 std::string Csv(const std::vector<SweepRow>& rows, const std::vector<int>& frontier,
                 const std::optional<RetrievalProbeResult>& full_probe) {
   std::string out =
-      "k_codec,v_codec,policy,budget,bits_per_element,bytes_per_token_per_layer,"
+      "k_codec,v_codec,policy,budget,recent_tokens,bits_per_element,bytes_per_token_per_layer,"
       "compression_vs_f16,kept_fraction,memory_bits,peak_cache_bytes,bits_at_ctx,ppl,ppl_stderr,"
       "delta_ppl_pct,mean_kl,top1_agreement,tokens_scored,decode_attention_us_per_token,pareto";
   if (full_probe) absl::StrAppend(&out, ",second_copy_nll,recall");
@@ -129,12 +138,13 @@ std::string Csv(const std::vector<SweepRow>& rows, const std::vector<int>& front
   for (size_t i = 0; i < rows.size(); ++i) {
     const ConfigEvaluation& e = rows[i].eval;
     absl::StrAppendFormat(
-        &out, "%s,%s,%s,%s,%.6g,%.6g,%.6g,%.6g,%.6g,%zu,%.6g,%.6f,%.6f,%.6g,%.6g,%.6f,%d,%.6g,%d",
+        &out,
+        "%s,%s,%s,%s,%d,%.6g,%.6g,%.6g,%.6g,%.6g,%zu,%.6g,%.6f,%.6f,%.6g,%.6g,%.6f,%d,%.6g,%d",
         e.config.k_codec, e.config.v_codec, e.config.policy, e.config.budget.ToString(),
-        e.bits_per_element, e.bytes_per_token_per_layer, e.compression_vs_f16, e.kept_fraction,
-        e.memory_bits, e.peak_cache_bytes, e.bits_at_ctx, e.ppl, e.ppl_stderr, e.delta_ppl_pct,
-        e.mean_kl, e.top1_agreement, e.tokens_scored, e.decode_attention_us_per_token,
-        OnFrontier(frontier, i) ? 1 : 0);
+        e.config.recent_tokens, e.bits_per_element, e.bytes_per_token_per_layer,
+        e.compression_vs_f16, e.kept_fraction, e.memory_bits, e.peak_cache_bytes, e.bits_at_ctx,
+        e.ppl, e.ppl_stderr, e.delta_ppl_pct, e.mean_kl, e.top1_agreement, e.tokens_scored,
+        e.decode_attention_us_per_token, OnFrontier(frontier, i) ? 1 : 0);
     if (full_probe) {
       absl::StrAppendFormat(&out, ",%.6g,%.6g", rows[i].probe->second_copy_nll,
                             Recall(*rows[i].probe, *full_probe));
@@ -154,12 +164,14 @@ nlohmann::json Json(const SweepFlags& flags, const KvConfig& base, const Referen
                     const std::vector<SweepRow>& rows, const std::vector<int>& frontier,
                     const std::optional<RetrievalProbeResult>& full_probe) {
   nlohmann::json json_rows = nlohmann::json::array();
+  const std::vector<int> frontier_at_ctx = Frontier(rows, &ConfigEvaluation::bits_at_ctx);
   for (size_t i = 0; i < rows.size(); ++i) {
     const ConfigEvaluation& e = rows[i].eval;
     nlohmann::json row = {{"k_codec", e.config.k_codec},
                           {"v_codec", e.config.v_codec},
                           {"policy", e.config.policy},
                           {"budget", e.config.budget.ToString()},
+                          {"recent_tokens", e.config.recent_tokens},
                           {"config", KvConfigJson(e.config)},
                           {"bits_per_element", e.bits_per_element},
                           {"bytes_per_token_per_layer", e.bytes_per_token_per_layer},
@@ -175,7 +187,8 @@ nlohmann::json Json(const SweepFlags& flags, const KvConfig& base, const Referen
                           {"top1_agreement", e.top1_agreement},
                           {"tokens_scored", e.tokens_scored},
                           {"decode_attention_us_per_token", e.decode_attention_us_per_token},
-                          {"pareto", OnFrontier(frontier, i)}};
+                          {"pareto", OnFrontier(frontier, i)},
+                          {"pareto_at_ctx", OnFrontier(frontier_at_ctx, i)}};
     if (full_probe) {
       row["retrieval_probe"] = ProbeJson(*rows[i].probe);
       row["retrieval_probe"]["recall"] = Recall(*rows[i].probe, *full_probe);
@@ -470,6 +483,10 @@ RunFn RegisterSweep(CLI::App& app) {
   sub->add_option("--budget", flags->budgets,
                   "budgets of the evicting policies, comma-separated: tokens per kv head "
                   "(256), share of the context (50%) or bytes per sequence (64KiB)")
+      ->delimiter(',');
+  sub->add_option("--recent", flags->recents,
+                  "tokens kept in F32 before they are encoded (KIVI's residual), comma-separated: "
+                  "one row per value, e.g. 0,32,64 (default: the base config's, 0)")
       ->delimiter(',');
   sub->add_flag("--retrieval-probe", flags->retrieval_probe,
                 "also score a passage repeated after unrelated text (does the cache still hold "

@@ -29,6 +29,7 @@ struct SweepFlags {
   std::vector<int> mix_best;         // --mix-best: counts of best-probed heads, one row each
   std::vector<std::string> policies;
   std::vector<std::string> budgets;
+  std::vector<int> recents;  // --recent: F32 recent windows, one row each
   bool retrieval_probe = false;
   int stream_tokens = 0;
   int segment_tokens = 512;
@@ -45,9 +46,10 @@ struct SweepFlags {
   EngineFlags engine;
 };
 
-// The configurations of the sweep: the base with each codec pair, policy and budget
-// substituted ("full" takes no budget, so it appears once per codec pair; an evicting policy
-// needs at least one budget). The codec pairs are --k-codec x --v-codec (or zipped with
+// The configurations of the sweep: the base with each codec pair, recent window, policy and
+// budget substituted ("full" takes no budget, so it appears once per codec pair and window;
+// an evicting policy needs at least one budget). The codec pairs are --k-codec x --v-codec (or
+// zipped with
 // --pairs), then one K = V pair per --lowrank entry: a profiled codec's name, or a low-rank
 // one's without its "lowrank-" (r4, r4-int4, e90).
 absl::StatusOr<std::vector<KvConfig>> BuildGrid(const SweepFlags& flags, const KvConfig& base);
@@ -74,8 +76,8 @@ std::vector<KvConfig> HeadMixRows(const KvConfig& first,
                                   std::span<const int> counts);
 
 // "k / v", then the head overrides ("head.L.H=K/V" for up to two, else "+N head overrides"),
-// "+layer overrides" when layers override the codecs, and "policy@budget" for evicting
-// configurations.
+// "+layer overrides" when layers override the codecs, "recent=R" when R tokens wait in F32,
+// and "policy@budget" for evicting configurations.
 std::string SweepLabel(const KvConfig& config);
 
 // An output path must have an existing directory, checked before the sweep runs rather than

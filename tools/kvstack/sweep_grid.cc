@@ -64,23 +64,28 @@ absl::StatusOr<std::vector<KvConfig>> BuildGrid(const SweepFlags& flags, const K
   if (budgets.empty()) budgets.push_back(base.budget);
   std::vector<std::string> policies = flags.policies;
   if (policies.empty()) policies.push_back(base.policy);
+  std::vector<int> recents = flags.recents;
+  if (recents.empty()) recents.push_back(base.recent_tokens);
 
   std::vector<KvConfig> grid;
   for (const auto& [k, v] : codecs) {
-    for (const std::string& policy : policies) {
-      const bool full = policy == "full";
-      if (!full && !budgets.front().is_set()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--policy ", policy, " evicts and needs --budget (e.g. --budget 64,128,256)"));
-      }
-      for (const KvBudget& budget : budgets) {
-        KvConfig config = base;
-        config.k_codec = k;
-        config.v_codec = v;
-        config.policy = policy;
-        config.budget = full ? KvBudget{} : budget;
-        grid.push_back(std::move(config));
-        if (full) break;  // one full-cache row per codec pair
+    for (const int recent : recents) {
+      for (const std::string& policy : policies) {
+        const bool full = policy == "full";
+        if (!full && !budgets.front().is_set()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "--policy ", policy, " evicts and needs --budget (e.g. --budget 64,128,256)"));
+        }
+        for (const KvBudget& budget : budgets) {
+          KvConfig config = base;
+          config.k_codec = k;
+          config.v_codec = v;
+          config.recent_tokens = recent;
+          config.policy = policy;
+          config.budget = full ? KvBudget{} : budget;
+          grid.push_back(std::move(config));
+          if (full) break;  // one full-cache row per codec pair and window
+        }
       }
     }
   }
@@ -173,6 +178,7 @@ std::string SweepLabel(const KvConfig& config) {
       })) {
     absl::StrAppend(&label, " +layer overrides");
   }
+  if (config.recent_tokens > 0) absl::StrAppend(&label, " recent=", config.recent_tokens);
   if (config.evicts()) absl::StrAppend(&label, " ", config.policy, "@", config.budget.ToString());
   return label;
 }
