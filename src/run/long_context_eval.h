@@ -30,6 +30,9 @@ struct StreamingResult {
   KvConfig config;                  // with capacity resolved
   std::vector<double> segment_ppl;  // [total_tokens / segment_tokens]
   double ppl = 0;                   // over every scored token
+  // The most bytes the cache held at once over the stream (KvCache::peak_bytes_in_use): what
+  // an evicting policy keeps flat while the full cache grows with the stream.
+  size_t peak_cache_bytes = 0;
 };
 
 // Streams tokens[0, total_tokens) (tokens[0] replaced by BOS) through one sequence. Position j

@@ -35,6 +35,7 @@ absl::StatusOr<StreamingResult> StreamingPerplexity(const LlamaModel& model,
 
   StreamingResult result;
   result.config = engine->options().kv;
+  result.peak_cache_bytes = engine->cache().peak_bytes_in_use();  // a new engine: this stream's
   const size_t vocab = static_cast<size_t>(model.hparams().vocab_size);
   const int num_segments = options.total_tokens / options.segment_tokens;
   double total_nll = 0;

@@ -71,7 +71,8 @@ TEST_F(SweepPolicyCliTest, StreamReportsPerplexityPerSegment) {
                                  "--positions reassign --json " +
                                  json_path);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("| 768-1024 | last / first |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| 768-1024 | last / first | KiB held at most |"), std::string::npos)
+      << r.out;
   const auto json = nlohmann::json::parse(Slurp(json_path));
   ASSERT_EQ(json["rows"].size(), 2u);  // the full cache, then streaming@64
   for (const auto& row : json["rows"]) {
@@ -79,6 +80,10 @@ TEST_F(SweepPolicyCliTest, StreamReportsPerplexityPerSegment) {
     for (const auto& ppl : row["segment_ppl"]) EXPECT_GT(ppl.get<double>(), 1.0);
   }
   EXPECT_EQ(json["rows"][1]["config"]["positions"], "reassign");
+  // The full F32 cache holds the whole stream: 1024 tokens x 5 layers x 4 kv heads x 8 dims x
+  // K and V x 4 bytes. streaming@64 holds its 64 tokens and a forward call's 16 new ones, F16.
+  EXPECT_EQ(json["rows"][0]["peak_cache_bytes"], 1024 * 5 * 4 * 8 * 2 * 4);
+  EXPECT_EQ(json["rows"][1]["peak_cache_bytes"], (64 + 16) * 5 * 4 * 8 * 2 * 2);
 }
 
 TEST_F(SweepPolicyCliTest, BadPolicyInputGetsOneLineAndExitOne) {

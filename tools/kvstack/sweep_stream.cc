@@ -23,12 +23,13 @@ std::string MarkdownTable(const std::vector<StreamRow>& rows, int segment) {
     absl::StrAppendFormat(&out, " %d-%d |", s * segment, (s + 1) * segment);
     absl::StrAppend(&rule, "---:|");
   }
-  absl::StrAppend(&out, " last / first |\n", rule, "---:|\n");
+  absl::StrAppend(&out, " last / first | KiB held at most |\n", rule, "---:|---:|\n");
   for (const StreamRow& row : rows) {
     const std::vector<double>& ppl = row.result.segment_ppl;
     absl::StrAppend(&out, "| ", row.label, " |");
     for (double p : ppl) absl::StrAppendFormat(&out, " %.3f |", p);
-    absl::StrAppendFormat(&out, " %.3f |\n", ppl.back() / ppl.front());
+    absl::StrAppendFormat(&out, " %.3f | %.1f |\n", ppl.back() / ppl.front(),
+                          row.result.peak_cache_bytes / 1024.0);
   }
   return out;
 }
@@ -50,7 +51,8 @@ nlohmann::json Json(const SweepFlags& flags, const std::vector<StreamRow>& rows)
     json_rows.push_back({{"label", row.label},
                          {"config", KvConfigJson(row.result.config)},
                          {"segment_ppl", row.result.segment_ppl},
-                         {"ppl", row.result.ppl}});
+                         {"ppl", row.result.ppl},
+                         {"peak_cache_bytes", row.result.peak_cache_bytes}});
   }
   return {{"model", flags.model},
           {"file", flags.file},
