@@ -58,11 +58,9 @@ absl::Status CheckGrid(const std::vector<KvConfig>& grid, const LlamaModel& mode
   return CheckConfig(model, ReferenceConfig(grid.front()), options);
 }
 
-// The Pareto frontier of the rows on (bits, ΔPPL %), fewest bits first: by default the bits
-// per element of context the encoded tokens take (memory_bits, what long contexts approach),
-// or with &ConfigEvaluation::bits_at_ctx what the cache held at this ctx.
-std::vector<int> Frontier(const std::vector<SweepRow>& rows,
-                          double ConfigEvaluation::*bits_of = &ConfigEvaluation::memory_bits) {
+// The Pareto frontier of the rows on (bits, ΔPPL %), fewest bits first, with `bits_of` the
+// figure that counts.
+std::vector<int> Frontier(const std::vector<SweepRow>& rows, double ConfigEvaluation::*bits_of) {
   std::vector<double> bits, loss;
   for (const SweepRow& row : rows) {
     bits.push_back(row.eval.*bits_of);
@@ -70,6 +68,17 @@ std::vector<int> Frontier(const std::vector<SweepRow>& rows,
   }
   return ParetoFrontier(bits, loss);
 }
+
+// The rows' two frontiers: by the bits per element of context the encoded tokens take
+// (memory_bits, what long contexts approach), and by what the cache held at this ctx
+// (bits_at_ctx, F32 rows included).
+struct Frontiers {
+  explicit Frontiers(const std::vector<SweepRow>& rows)
+      : of_context(Frontier(rows, &ConfigEvaluation::memory_bits)),
+        at_ctx(Frontier(rows, &ConfigEvaluation::bits_at_ctx)) {}
+  std::vector<int> of_context;
+  std::vector<int> at_ctx;
+};
 
 bool OnFrontier(const std::vector<int>& frontier, size_t row_idx) {
   return std::find(frontier.begin(), frontier.end(), static_cast<int>(row_idx)) != frontier.end();
@@ -82,7 +91,7 @@ double Recall(const RetrievalProbeResult& probe, const RetrievalProbeResult& ful
   return gain > 0 ? (full.first_copy_nll - probe.second_copy_nll) / gain : 0.0;
 }
 
-std::string MarkdownTable(const std::vector<SweepRow>& rows, const std::vector<int>& frontier,
+std::string MarkdownTable(const std::vector<SweepRow>& rows, const Frontiers& frontiers,
                           const std::optional<RetrievalProbeResult>& full_probe) {
   std::string out =
       "| config | bits/elem | bytes/token/layer | compression vs F16 | kept | bits at ctx | PPL | "
@@ -109,15 +118,14 @@ std::string MarkdownTable(const std::vector<SweepRow>& rows, const std::vector<i
     absl::StrAppend(&out, "\n");
   }
   const auto labels = [&](const std::vector<int>& indices) {
-    std::vector<std::string> out;
-    for (int idx : indices) out.push_back(SweepLabel(rows[idx].eval.config));
-    return absl::StrJoin(out, ", ");
+    std::vector<std::string> names;
+    for (int idx : indices) names.push_back(SweepLabel(rows[idx].eval.config));
+    return absl::StrJoin(names, ", ");
   };
-  absl::StrAppend(&out,
-                  "\nPareto frontier (fewest bits of context for a given ΔPPL): ", labels(frontier),
-                  "\n");
-  absl::StrAppend(&out, "At this ctx (fewest bits held, F32 rows included): ",
-                  labels(Frontier(rows, &ConfigEvaluation::bits_at_ctx)), "\n");
+  absl::StrAppend(&out, "\nPareto frontier (fewest bits of context for a given ΔPPL): ",
+                  labels(frontiers.of_context), "\n");
+  absl::StrAppend(
+      &out, "At this ctx (fewest bits held, F32 rows included): ", labels(frontiers.at_ctx), "\n");
   if (full_probe) {
     absl::StrAppendFormat(&out,
                           "Retrieval probe, full F32 cache: 2nd-copy NLL %.3f, 1st-copy NLL %.3f "
@@ -161,10 +169,9 @@ nlohmann::json ProbeJson(const RetrievalProbeResult& probe) {
 }
 
 nlohmann::json Json(const SweepFlags& flags, const KvConfig& base, const ReferenceRun& reference,
-                    const std::vector<SweepRow>& rows, const std::vector<int>& frontier,
+                    const std::vector<SweepRow>& rows, const Frontiers& frontiers,
                     const std::optional<RetrievalProbeResult>& full_probe) {
   nlohmann::json json_rows = nlohmann::json::array();
-  const std::vector<int> frontier_at_ctx = Frontier(rows, &ConfigEvaluation::bits_at_ctx);
   for (size_t i = 0; i < rows.size(); ++i) {
     const ConfigEvaluation& e = rows[i].eval;
     nlohmann::json row = {{"k_codec", e.config.k_codec},
@@ -187,8 +194,8 @@ nlohmann::json Json(const SweepFlags& flags, const KvConfig& base, const Referen
                           {"top1_agreement", e.top1_agreement},
                           {"tokens_scored", e.tokens_scored},
                           {"decode_attention_us_per_token", e.decode_attention_us_per_token},
-                          {"pareto", OnFrontier(frontier, i)},
-                          {"pareto_at_ctx", OnFrontier(frontier_at_ctx, i)}};
+                          {"pareto", OnFrontier(frontiers.of_context, i)},
+                          {"pareto_at_ctx", OnFrontier(frontiers.at_ctx, i)}};
     if (full_probe) {
       row["retrieval_probe"] = ProbeJson(*rows[i].probe);
       row["retrieval_probe"]["recall"] = Recall(*rows[i].probe, *full_probe);
@@ -324,25 +331,26 @@ absl::Status RunGridSweep(const SweepFlags& flags, const KvConfig& base, std::ve
     }
   }
 
-  const std::vector<int> frontier = Frontier(rows);
+  const Frontiers frontiers(rows);
   if (flags.csv_path != "-" && flags.json_path != "-") {
     std::printf(
         "Reference (k=v=f32, full cache): PPL = %.4f +/- %.4f, %lld tokens scored in %d windows "
         "of %d\nBase config: %s\n\n%s",
         reference.perplexity.ppl, reference.perplexity.ppl_stderr,
         static_cast<long long>(reference.perplexity.tokens_scored), reference.num_windows,
-        flags.ctx, base.ToString().c_str(), MarkdownTable(rows, frontier, full_probe).c_str());
+        flags.ctx, base.ToString().c_str(), MarkdownTable(rows, frontiers, full_probe).c_str());
   }
   if (!flags.csv_path.empty()) {
-    KVS_RETURN_IF_ERROR(WriteOutput("--csv", flags.csv_path, Csv(rows, frontier, full_probe)));
+    KVS_RETURN_IF_ERROR(
+        WriteOutput("--csv", flags.csv_path, Csv(rows, frontiers.of_context, full_probe)));
   }
   if (!flags.json_path.empty()) {
     KVS_RETURN_IF_ERROR(
         WriteOutput("--json", flags.json_path,
-                    Json(flags, base, reference, rows, frontier, full_probe).dump(2) + "\n"));
+                    Json(flags, base, reference, rows, frontiers, full_probe).dump(2) + "\n"));
   }
   if (!flags.plot_prefix.empty()) {
-    KVS_RETURN_IF_ERROR(WritePlot(flags.plot_prefix, rows, frontier, flags.ctx));
+    KVS_RETURN_IF_ERROR(WritePlot(flags.plot_prefix, rows, frontiers.of_context, flags.ctx));
   }
   if (!flags.max_dppl_pct) return absl::OkStatus();
   return ChooseAndWrite(flags, grid, rows, reference, options);
