@@ -22,8 +22,8 @@ namespace kvstack::cli {
 // the command line overrides its key (--layer-codec replaces the TOML table of its layer).
 class CacheFlags {
  public:
-  // with_grid_flags = false leaves --k-codec, --v-codec, --policy and --budget to the command
-  // (sweep takes lists of them).
+  // with_grid_flags = false leaves --k-codec, --v-codec, --recent, --policy and --budget to the
+  // command (sweep takes lists of them).
   void Add(CLI::App* app, bool with_grid_flags = true);
   absl::StatusOr<KvConfig> Resolve() const;
 
