@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# Regenerates docs/representation-results.md and its plot (docs/representation-pareto.png/.svg):
-# the full `kvstack sweep` of stories260K at ctx 512 over the whole validation text, every
-# codec worth showing as a K = V pair plus mixed pairs (KIVI keys with integer values, ...).
-# Usage: scripts/sweep_docs.sh [path/to/kvstack]   (default: build/release/kvstack)
+# Regenerates the generated sections of docs/representation-results.md and its plot
+# (docs/representation-pareto.png/.svg): the full `kvstack sweep` of stories260K at ctx 512
+# over the whole validation text, every codec worth showing as a K = V pair plus mixed pairs
+# (KIVI keys with integer values, ...), the closer-to-decode tables and the low-rank rows.
+# Usage: scripts/sweep_docs.sh [path/to/kvstack] [OUT.md]   (defaults: build/release/kvstack,
+# stdout). The page has grown sections written by hand around these (FP8 scale search, the
+# recent window as a grid dimension, the sweep's choice, per-head codecs, latent), so the
+# script no longer writes the page itself: merge its output into the sections it regenerates.
 # Pairs with codecs this build rejects are left out with a note, so it runs at any stage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kvstack=${1:-build/release/kvstack}
+out=${2:-/dev/stdout}
 model=../shared/models/stories260K.gguf
 text=../shared/data/tinystories_valid_head256k.txt
 [ -x "$kvstack" ] || { echo "sweep_docs.sh: no kvstack binary at '$kvstack'" >&2; exit 1; }
@@ -92,6 +97,11 @@ EOF
 - **bits/elem**: storage bits per key or value element, scales and minimums included, K and V
   averaged. **bytes/token/layer**: K + V bytes one token takes in one layer (all 4 kv heads of
   8 dimensions). **compression vs F16**: the F16 cache's bytes over this row's.
+- **bits at ctx**: what the cache held at its fullest for a window of 512 tokens (the blocks
+  in use, whose slots cover every token, plus the F32 rows kept for sinks, the recent window
+  and a unit still filling), per element of the window. A codec whose unit spans several
+  tokens holds the unfilled unit in F32: int4 (32-element groups over head_dim 8, 4 tokens)
+  5.25, kivi4 (32 tokens) 8.50 against 6.50 stored.
 - **ΔPPL %**: perplexity change against the F32-cache run. Tiny changes can have either sign
   (a lossy cache can score marginally better by chance); near the top of the table mean KL,
   which is never negative, separates the codecs better.
@@ -102,7 +112,8 @@ EOF
   448-token prefill (64 steps). This model is tiny (5 layers, head_dim 8) and the machine is
   shared, so the figure is noisy: compare rows of one run only, and use `kvstack bench` on a
   larger model for bandwidth-bound figures.
-- The **Pareto frontier** lists the configurations no other row beats on both bits and ΔPPL.
+- The **Pareto frontier** lists the configurations no other row beats on both bits and ΔPPL;
+  the line under it does the same with bits at ctx.
   stories260K has head_dim 8, so group sizes above 8 span several tokens (see codec.h).
 EOF
 
@@ -134,10 +145,12 @@ EOF
   done
   cat <<'EOF'
 
-bits/elem counts the encoded tokens only. The F32 tokens are extra: with --recent 64 at ctx
-512, 64 (+ up to 63 pending) of 512 tokens are F32, so a 4.5-bit row costs about
-4.5 * 448/512 + 32 * 64/512 = 7.9 bits per element at this context — the window pays off only
-at long contexts, where it is a fixed cost.
+bits/elem counts the encoded tokens only; "bits at ctx" is what the cache really held for a
+window of 512 tokens at its fullest (KvCache::peak_bytes_in_use: the blocks in use, whose
+slots cover every token of the sequence, the still-waiting ones included, plus the F32 rows
+reserved for the sinks, the recent window and a unit still filling), per element of the 512
+tokens. The window and the unit are a fixed number of rows, so at long contexts bits at ctx
+tends to bits/elem.
 
 ## Low-rank (Palu-like), calibrated on 32 windows of the same text
 
@@ -160,5 +173,5 @@ stories260K's heads have 8 dimensions and its keys and values are not low-rank: 
 only about 59-84 % of the variance (table above), and ΔPPL at half rank is large. The low-rank
 codecs are meant for models with wide heads; on this model they show their cost.
 EOF
-} >docs/representation-results.md
-echo "sweep_docs.sh: wrote docs/representation-results.md and docs/representation-pareto.{png,svg}" >&2
+} >"$out"
+echo "sweep_docs.sh: wrote the generated sections to $out and docs/representation-pareto.{png,svg}" >&2
