@@ -132,6 +132,32 @@ TEST(Cli, DefaultBlockSizeFitsTheCodecsUnits) {
   EXPECT_LT(result["ppl"].get<double>(), 12.0);
 }
 
+// bench on the real model at two small depths: every figure present and positive, and the
+// cache's peak bytes those of depth + decode tokens in whole blocks of 16 (F16: 640 B a token).
+TEST(Cli, BenchReportsSpeedBandwidthAndPeakCacheBytesPerDepth) {
+  const CommandResult r = RunCli("bench -m " + kModel +
+                                 " --depths 64,256 --decode 4 --bandwidth-mib 16 --threads 2 "
+                                 "--json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto result = nlohmann::json::parse(r.out);
+  EXPECT_GT(result["bandwidth_bytes_per_s"].get<double>(), 0);
+  const auto& depths = result["depths"];
+  ASSERT_EQ(depths.size(), 2u);
+  EXPECT_EQ(depths[0]["depth"], 64);
+  EXPECT_EQ(depths[1]["depth"], 256);
+  for (const auto& depth : depths) {
+    for (const char* key : {"prefill_tokens_per_s", "decode_tokens_per_s", "step_ms",
+                            "attention_ms", "cache_bytes_per_step"}) {
+      EXPECT_GT(depth[key].get<double>(), 0) << key;
+    }
+  }
+  EXPECT_EQ(depths[0]["peak_cache_bytes"], 80 * 640);   // 68 tokens
+  EXPECT_EQ(depths[1]["peak_cache_bytes"], 272 * 640);  // 260 tokens
+  // Every decode step reads the whole cache: a deeper one reads more.
+  EXPECT_GT(depths[1]["cache_bytes_per_step"].get<double>(),
+            depths[0]["cache_bytes_per_step"].get<double>());
+}
+
 TEST(Cli, InspectShowsMetadataAndTensors) {
   const CommandResult r = RunCli("inspect " + kModel);
   ASSERT_EQ(r.exit_code, 0) << r.err;

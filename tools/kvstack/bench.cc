@@ -34,6 +34,7 @@ struct DepthResult {
   double step_ms = 0;
   double attention_ms = 0;
   double cache_bytes_per_step = 0;
+  size_t peak_cache_bytes = 0;  // the most the cache held: depth + decode tokens, F32 rows too
 };
 
 double Now() {
@@ -75,6 +76,7 @@ absl::StatusOr<DepthResult> RunDepth(const LlamaModel& model, const BenchFlags& 
   result.step_ms = 1e3 * decode_seconds / flags.decode_tokens;
   result.attention_ms = 1e3 * profile.attention_seconds / flags.decode_tokens;
   result.cache_bytes_per_step = profile.cache_bytes_read / flags.decode_tokens;
+  result.peak_cache_bytes = engine->cache().peak_bytes_in_use();  // a new engine: this depth's
   return result;
 }
 
@@ -120,8 +122,8 @@ absl::Status RunBench(const BenchFlags& flags) {
                 bandwidth / 1e9, bandwidth_before / 1e9, bandwidth_after / 1e9);
     std::printf(
         "| depth | prefill tok/s | decode tok/s | step ms | attention ms | cache MB/step "
-        "| attention GB/s | attention BW fraction | step BW fraction |\n"
-        "|---|---|---|---|---|---|---|---|---|\n");
+        "| attention GB/s | attention BW fraction | step BW fraction | KV MB held |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n");
   }
   for (const DepthResult& r : results) {
     const double attention_bps = r.cache_bytes_per_step / (r.attention_ms / 1e3);
@@ -134,12 +136,13 @@ absl::Status RunBench(const BenchFlags& flags) {
                       {"attention_ms", r.attention_ms},
                       {"cache_bytes_per_step", r.cache_bytes_per_step},
                       {"attention_bandwidth_fraction", attention_bps / bandwidth},
-                      {"step_bandwidth_fraction", step_bps / bandwidth}});
+                      {"step_bandwidth_fraction", step_bps / bandwidth},
+                      {"peak_cache_bytes", r.peak_cache_bytes}});
     } else {
-      std::printf("| %d | %.0f | %.1f | %.2f | %.2f | %.1f | %.1f | %.2f | %.2f |\n", r.depth,
-                  r.prefill_tokens_per_s, r.decode_tokens_per_s, r.step_ms, r.attention_ms,
+      std::printf("| %d | %.0f | %.1f | %.2f | %.2f | %.1f | %.1f | %.2f | %.2f | %.1f |\n",
+                  r.depth, r.prefill_tokens_per_s, r.decode_tokens_per_s, r.step_ms, r.attention_ms,
                   r.cache_bytes_per_step / 1e6, attention_bps / 1e9, attention_bps / bandwidth,
-                  step_bps / bandwidth);
+                  step_bps / bandwidth, r.peak_cache_bytes / 1e6);
     }
   }
   if (flags.json) {
