@@ -250,6 +250,16 @@ TEST_F(SweepCliTest, RecentWindowsAreAGridDimension) {
     }
   }
   EXPECT_GE(num_on_frontier, 1);
+
+  // --plot-held draws the same rows against the bits held, with that frontier.
+  const CommandResult plotted = RunCli(Base() +
+                                       " --k-codec kivi4-g32 --v-codec int4-g32 --block-size 32 "
+                                       "--batch 16 --recent 0,32 --plot-held --plot " +
+                                       dir_ + "/held");
+  ASSERT_EQ(plotted.exit_code, 0) << plotted.err;
+  const std::string svg = Slurp(dir_ + "/held.svg");
+  EXPECT_NE(svg.find("bits per element held at ctx 64"), std::string::npos);
+  EXPECT_NE(svg.find("recent=32"), std::string::npos);
 }
 
 TEST_F(SweepCliTest, HeadCodecsGiveOneKvHeadItsOwnCodecs) {
@@ -323,6 +333,7 @@ TEST_F(SweepCliTest, BadInputGetsOneLineAndExitOne) {
            Base() + " --stream -5",                                 // negative stream
            Base() + " --recent -1",                                 // negative window
            Base() + " --k-codec kivi4-g32 --recent 0,8",            // not whole KIVI units
+           Base() + " --stream 256 --plot-held --plot " + plot,     // no memory axis there
        }) {
     const CommandResult r = RunCli(args);
     EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.err;

@@ -218,22 +218,28 @@ nlohmann::json Json(const SweepFlags& flags, const KvConfig& base, const Referen
   return json;
 }
 
+// The plot of ΔPPL against memory: the bits the encoded tokens take (and their frontier), or
+// with `held` the bits the cache held at ctx (and the frontier at this ctx).
 absl::Status WritePlot(const std::string& prefix, const std::vector<SweepRow>& rows,
-                       const std::vector<int>& frontier, int ctx) {
+                       const Frontiers& frontiers, int ctx, bool held) {
   ScatterPlot plot;
   const bool evicts = std::any_of(rows.begin(), rows.end(),
                                   [](const SweepRow& row) { return row.eval.config.evicts(); });
   plot.title = absl::StrFormat("KV cache design: accuracy loss vs memory (ctx %d)", ctx);
-  plot.xlabel = evicts ? "bits per element of context (bits per stored element x share kept)"
-                       : "bits per element (K and V averaged)";
+  if (held) {
+    plot.xlabel = absl::StrFormat("bits per element held at ctx %d (F32 rows included)", ctx);
+  } else {
+    plot.xlabel = evicts ? "bits per element of context (bits per stored element x share kept)"
+                         : "bits per element (K and V averaged)";
+  }
   plot.ylabel = "ΔPPL % vs F32 full cache";
   for (const SweepRow& row : rows) {
-    plot.x.push_back(row.eval.memory_bits);
+    plot.x.push_back(held ? row.eval.bits_at_ctx : row.eval.memory_bits);
     plot.y.push_back(row.eval.delta_ppl_pct);
     plot.labels.push_back(
         absl::StrFormat("%s (%+.3g%%)", SweepLabel(row.eval.config), row.eval.delta_ppl_pct));
   }
-  plot.frontier = frontier;
+  plot.frontier = held ? frontiers.at_ctx : frontiers.of_context;
   return WriteScatterPlot(prefix, plot);
 }
 
@@ -350,7 +356,7 @@ absl::Status RunGridSweep(const SweepFlags& flags, const KvConfig& base, std::ve
                     Json(flags, base, reference, rows, frontiers, full_probe).dump(2) + "\n"));
   }
   if (!flags.plot_prefix.empty()) {
-    KVS_RETURN_IF_ERROR(WritePlot(flags.plot_prefix, rows, frontiers.of_context, flags.ctx));
+    KVS_RETURN_IF_ERROR(WritePlot(flags.plot_prefix, rows, frontiers, flags.ctx, flags.plot_held));
   }
   if (!flags.max_dppl_pct) return absl::OkStatus();
   return ChooseAndWrite(flags, grid, rows, reference, options);
@@ -397,6 +403,10 @@ absl::Status RunSweep(const SweepFlags& flags) {
   if (flags.stream_tokens < 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("--stream must be >= 0 (0 = off), got %d", flags.stream_tokens));
+  }
+  if (flags.plot_held && flags.stream_tokens > 0) {
+    return absl::InvalidArgumentError(
+        "--plot-held plots the rows' memory; --stream plots perplexity per segment instead");
   }
   KVS_RETURN_IF_ERROR(CheckChoiceFlags(flags));
   KVS_RETURN_IF_ERROR(CheckOutputPath("--csv", flags.csv_path));
@@ -510,9 +520,14 @@ RunFn RegisterSweep(CLI::App& app) {
                   "perplexity windows per configuration, 0 = the whole text (default 0)");
   sub->add_option("--csv", flags->csv_path, "write the rows as CSV to FILE ('-' = stdout)");
   sub->add_option("--json", flags->json_path, "write the rows as JSON to FILE ('-' = stdout)");
-  sub->add_option("--plot", flags->plot_prefix,
-                  "write PREFIX.png and PREFIX.svg: ΔPPL vs memory with the Pareto frontier, or "
-                  "PPL per segment with --stream (needs gnuplot)");
+  CLI::Option* plot = sub->add_option(
+      "--plot", flags->plot_prefix,
+      "write PREFIX.png and PREFIX.svg: ΔPPL vs memory with the Pareto frontier, or "
+      "PPL per segment with --stream (needs gnuplot)");
+  sub->add_flag("--plot-held", flags->plot_held,
+                "plot the bits per element the cache held at --ctx (F32 recent and pending rows "
+                "included) and the frontier at this ctx, instead of the bits stored")
+      ->needs(plot);
   CLI::Option* max_dppl = sub->add_option(
       "--max-dppl", flags->max_dppl_pct,
       "after the sweep, choose the best row whose ΔPPL % is at most this (e.g. 2), as --prefer "

@@ -37,6 +37,7 @@ struct SweepFlags {
   std::string csv_path;
   std::string json_path;
   std::string plot_prefix;
+  bool plot_held = false;  // --plot-held: the plot's x axis is bits_at_ctx, not memory_bits
   // --max-dppl: choose the best row within this ΔPPL %; --prefer: what "best" means;
   // --write-config: where the chosen configuration goes as TOML (sweep_choice.h).
   std::optional<double> max_dppl_pct;
