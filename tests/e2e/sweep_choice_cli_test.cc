@@ -1,16 +1,19 @@
-// `kvstack sweep --max-dppl` as a user runs it: the real binary chooses a row of a real sweep
-// on stories260K, writes it with --write-config, and `kvstack perplexity --kv-config` on that
-// file reproduces the row's perplexity, so the design runs as it was measured. The choice is
-// checked against the rows of the same run's JSON; bad input gets one line.
+// `kvstack sweep --max-dppl / --max-bits / --max-bits-at-ctx` as a user runs it: the real binary
+// chooses a row of a real sweep on stories260K, writes it with --write-config, and `kvstack
+// perplexity --kv-config` on that file reproduces the row's perplexity, so the design runs as
+// it was measured. The choice is checked against the rows of the same run's JSON; bad input
+// gets one line.
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "cli_runner.h"
 #include "gtest/gtest.h"
 #include "kvstack/kv_config.h"
@@ -269,6 +272,135 @@ TEST_F(SweepChoiceCliTest, MixBestStoresTheHeadsWhoseProbesLostLeast) {
   EXPECT_LT(all20["delta_ppl_pct"].get<double>(), best1["delta_ppl_pct"].get<double>());
 }
 
+// The row the test expects among those `within` admits: the least in `key`, the first of equals.
+template <typename Within, typename Key>
+int BestRow(const nlohmann::json& rows, Within within, Key key) {
+  int best = -1;
+  for (int i = 0; i < static_cast<int>(rows.size()); ++i) {
+    if (!within(rows[i])) continue;
+    if (best < 0 || key(rows[i]) < key(rows[best])) best = i;
+  }
+  return best;
+}
+
+std::string LabelOf(const nlohmann::json& row) {
+  return row["k_codec"].get<std::string>() + " / " + row["v_codec"].get<std::string>();
+}
+
+// A memory budget alone: the most accurate row that fits it, not the most accurate of all, and
+// a file that says so and runs as it was measured.
+TEST_F(SweepChoiceCliTest, MaxBitsAloneTakesTheMostAccurateRowWithinTheBudget) {
+  const std::string chosen = dir_ + "/budget.toml";
+  std::filesystem::remove(chosen);
+  const CommandResult r = RunCli(Sweep() +
+                                 " --k-codec f16,int8,int4-g8,int2-g8 --v-codec int8,int4-g8 "
+                                 "--max-bits 8 --write-config " +
+                                 chosen + " --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rows = nlohmann::json::parse(r.out)["rows"];
+  const auto dppl = [](const nlohmann::json& row) {
+    return std::tuple(row["delta_ppl_pct"].get<double>(), row["memory_bits"].get<double>());
+  };
+  const int expected = BestRow(
+      rows, [](const nlohmann::json& row) { return row["memory_bits"].get<double>() <= 8; }, dppl);
+  const int most_accurate = BestRow(
+      rows, [](const nlohmann::json&) { return true; }, dppl);
+  ASSERT_GE(expected, 0);
+  ASSERT_NE(expected, most_accurate);  // the budget excludes the best row: a real choice
+  EXPECT_NE(r.err.find("Chosen within bits/elem of context <= 8 (smallest ΔPPL): " +
+                       LabelOf(rows[expected]) + ","),
+            std::string::npos)
+      << r.err;
+  const std::string file = Slurp(chosen);
+  EXPECT_EQ(file.rfind("# KV cache design chosen by `kvstack sweep --max-bits 8 --prefer "
+                       "accuracy`: of the rows within\n# bits/elem of context <= 8, the one "
+                       "with the smallest ΔPPL.\n",
+                       0),
+            0u)
+      << file;
+  EXPECT_NEAR(PerplexityWith(chosen, 64), rows[expected]["ppl"].get<double>(),
+              1e-9 * rows[expected]["ppl"].get<double>());
+}
+
+// Both kinds of bound hold at once, and --prefer still decides among the rows within them:
+// here KIVI's F32 unit holds bits at ctx that its bits of context do not show.
+TEST_F(SweepChoiceCliTest, AccuracyAndHeldMemoryBoundsHoldTogether) {
+  const std::string grid =
+      " --k-codec kivi4-g32,int4-g8,int8,f16 --v-codec int4-g32,int4-g8,int8,f16 --pairs "
+      "--block-size 32 --recent 32 --json -";
+  const CommandResult all = RunCli(Sweep() + grid);
+  ASSERT_EQ(all.exit_code, 0) << all.err;
+  const auto rows = nlohmann::json::parse(all.out)["rows"];
+  ASSERT_EQ(rows.size(), 4u);
+  // A held bound between the rows' figures, and a loss bound that admits all but the worst.
+  std::vector<double> held, loss;
+  for (const auto& row : rows) {
+    held.push_back(row["bits_at_ctx"].get<double>());
+    loss.push_back(row["delta_ppl_pct"].get<double>());
+  }
+  std::sort(held.begin(), held.end());
+  std::sort(loss.begin(), loss.end());
+  const double max_held = (held[2] + held[3]) / 2;
+  const double max_dppl = (loss[2] + loss[3]) / 2;
+  const auto within = [&](const nlohmann::json& row) {
+    return row["bits_at_ctx"].get<double>() <= max_held &&
+           row["delta_ppl_pct"].get<double>() <= max_dppl;
+  };
+  const auto speed = [](const nlohmann::json& row) {
+    return row["decode_attention_us_per_token"].get<double>();
+  };
+  const std::string bounds =
+      absl::StrFormat(" --max-dppl %.6g --max-bits-at-ctx %.6g", max_dppl, max_held);
+  const CommandResult fewest = RunCli(Sweep() + grid + bounds);
+  ASSERT_EQ(fewest.exit_code, 0) << fewest.err;
+  const auto fewest_bits = [](const nlohmann::json& row) {
+    return std::tuple(row["memory_bits"].get<double>(), row["delta_ppl_pct"].get<double>());
+  };
+  const int expected = BestRow(rows, within, fewest_bits);
+  ASSERT_GE(expected, 0);
+  // The held bound rules out the row the loss bound alone would take (KIVI's).
+  const int loss_bound_only = BestRow(
+      rows,
+      [&](const nlohmann::json& row) { return row["delta_ppl_pct"].get<double>() <= max_dppl; },
+      fewest_bits);
+  ASSERT_NE(expected, loss_bound_only);
+  EXPECT_NE(fewest.err.find("(fewest bits per element of context): " + LabelOf(rows[expected]) +
+                            " recent=32,"),
+            std::string::npos)
+      << fewest.err;
+  // Speed among the same rows: attention times differ between runs, so the test checks the
+  // chosen row is within the bounds rather than which one it is.
+  const CommandResult fastest = RunCli(Sweep() + grid + bounds + " --prefer speed");
+  ASSERT_EQ(fastest.exit_code, 0) << fastest.err;
+  const auto fastest_rows = nlohmann::json::parse(fastest.out)["rows"];
+  const int fastest_expected = BestRow(fastest_rows, within, speed);
+  ASSERT_GE(fastest_expected, 0);
+  EXPECT_NE(fastest.err.find("(fastest decode attention): " +
+                             LabelOf(fastest_rows[fastest_expected]) + " recent=32,"),
+            std::string::npos)
+      << fastest.err;
+}
+
+// Bounds nothing meets together: one line that says, for each kind, how close the rows within
+// the other kind came, so the user knows which bound to move and by how much.
+TEST_F(SweepChoiceCliTest, BoundsNothingMeetsTogetherNameTheNearestMisses) {
+  const CommandResult r = RunCli(Sweep() +
+                                 " --k-codec int8,int2-g8 --v-codec int8,int2-g8 --pairs "
+                                 "--max-dppl 1 --max-bits 7");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("kvstack: --max-dppl 1 --max-bits 7: no configuration is within ΔPPL <= "
+                       "1 % and bits/elem of context <= 7 (the most accurate within the memory "
+                       "bounds: int2-g8 / int2-g8 at +"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("; the fewest bits of context within the ΔPPL bound: int8 / int8 at "
+                       "10.00); nothing chosen"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.out.find("| int2-g8 / int2-g8 |"), std::string::npos) << r.out;
+}
+
 TEST_F(SweepChoiceCliTest, BoundNothingMeetsLosesNoOtherOutput) {
   const std::string chosen = dir_ + "/never.toml";
   const std::string csv = dir_ + "/rows.csv";
@@ -277,8 +409,8 @@ TEST_F(SweepChoiceCliTest, BoundNothingMeetsLosesNoOtherOutput) {
                                  "--write-config " + chosen + " --csv " + csv);
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_EQ(Lines(r.err), 1) << r.err;
-  EXPECT_NE(r.err.find("kvstack: --max-dppl 0.5: no configuration is within 0.5 % of the F32 "
-                       "cache's perplexity (the closest, int2-g8 / int2-g8, is +"),
+  EXPECT_NE(r.err.find("kvstack: --max-dppl 0.5: no configuration is within ΔPPL <= 0.5 % (the "
+                       "closest: int2-g8 / int2-g8 at +"),
             std::string::npos)
       << r.err;
   EXPECT_FALSE(std::filesystem::exists(chosen));
@@ -297,6 +429,14 @@ TEST_F(SweepChoiceCliTest, BadChoiceInputGetsOneLineBeforeAnyWork) {
            Sweep() + " --probe-heads int8 --mix-best 0",                  // no heads
            Sweep() + " --probe-heads int8 --mix-best 21",                 // 20 kv heads
            Sweep() + " --probe-heads int8 --mix-best 2 --stream 256",     // no ΔPPL rows
+           Sweep() + " --max-bits 0",                                     // no memory at all
+           Sweep() + " --max-bits -4",                                    // negative
+           Sweep() + " --max-bits-at-ctx nan",                            // not a number
+           Sweep() + " --max-bits-at-ctx inf",                            // no bound
+           Sweep() + " --max-bits 4.5 --stream 256",                      // no ΔPPL rows
+           Sweep() + " --max-bits 4.5 --prefer fast",                     // unknown objective
+           Sweep() + " --prefer speed",                                   // nothing to bound
+           Sweep() + " --write-config c.toml",                            // nothing to bound
        }) {
     const CommandResult r = RunCli(args);
     EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.err;
@@ -306,14 +446,15 @@ TEST_F(SweepChoiceCliTest, BadChoiceInputGetsOneLineBeforeAnyWork) {
   }
   // The unknown objective's line names every one there is.
   EXPECT_NE(RunCli(Sweep() + " --max-dppl 1 --prefer fast")
-                .err.find("allowed: memory, peak-memory, speed"),
+                .err.find("allowed: memory, peak-memory, speed, accuracy"),
             std::string::npos);
-  // --prefer and --write-config only mean something with a bound: refused alone.
-  for (const char* flag : {" --prefer speed", " --write-config c.toml"}) {
-    const CommandResult r = RunCli(Sweep() + flag);
-    EXPECT_EQ(r.exit_code, 2) << r.err;
-    EXPECT_NE(r.err.find("requires --max-dppl"), std::string::npos) << r.err;
-  }
+  // --prefer and --write-config only mean something with a bound: refused alone, naming them.
+  EXPECT_NE(RunCli(Sweep() + " --prefer speed")
+                .err.find("--prefer needs a bound to choose within: --max-dppl, --max-bits or "
+                          "--max-bits-at-ctx"),
+            std::string::npos);
+  EXPECT_NE(RunCli(Sweep() + " --max-bits -4").err.find("--max-bits must be bits per element > 0"),
+            std::string::npos);
   const CommandResult mix = RunCli(Sweep() + " --mix-best 2");
   EXPECT_EQ(mix.exit_code, 2) << mix.err;
   EXPECT_NE(mix.err.find("--mix-best requires --probe-heads"), std::string::npos) << mix.err;

@@ -243,21 +243,27 @@ absl::Status WritePlot(const std::string& prefix, const std::vector<SweepRow>& r
   return WriteScatterPlot(prefix, plot);
 }
 
-// --max-dppl: names the chosen row (on stderr when stdout carries CSV or JSON) and, with
-// --write-config, writes it. Runs after every other output, so a bound nothing meets loses
-// none of them.
+// The objective --prefer names, or the bounds' default.
+absl::StatusOr<ChoiceObjective> ObjectiveOf(const SweepFlags& flags) {
+  if (flags.prefer.empty()) return DefaultObjective(flags.choice_bounds);
+  return ParseChoiceObjective(flags.prefer);
+}
+
+// --max-dppl, --max-bits, --max-bits-at-ctx: names the chosen row (on stderr when stdout
+// carries CSV or JSON) and, with --write-config, writes it. Runs after every other output, so
+// bounds nothing meets lose none of them.
 absl::Status ChooseAndWrite(const SweepFlags& flags, const std::vector<KvConfig>& grid,
                             const std::vector<SweepRow>& rows, const ReferenceRun& reference,
                             const EvaluateOptions& options) {
-  KVS_ASSIGN_OR_RETURN(const ChoiceObjective objective, ParseChoiceObjective(flags.prefer));
+  KVS_ASSIGN_OR_RETURN(const ChoiceObjective objective, ObjectiveOf(flags));
   std::vector<ConfigEvaluation> evals;
   for (const SweepRow& row : rows) evals.push_back(row.eval);
-  KVS_ASSIGN_OR_RETURN(const size_t chosen, ChooseRow(evals, *flags.max_dppl_pct, objective));
+  KVS_ASSIGN_OR_RETURN(const size_t chosen, ChooseRow(evals, flags.choice_bounds, objective));
   const ConfigEvaluation& row = evals[chosen];
   std::string line = absl::StrFormat(
-      "Chosen within ΔPPL <= %g %% (%s): %s, %.2f bits/elem (%.2f of context, %.2f in use at "
-      "ctx %d), ΔPPL %+.3g %%, decode attention %.2f µs/token",
-      *flags.max_dppl_pct, ChoiceObjectiveWanted(objective), SweepLabel(row.config),
+      "Chosen within %s (%s): %s, %.2f bits/elem (%.2f of context, %.2f in use at ctx %d), "
+      "ΔPPL %+.3g %%, decode attention %.2f µs/token",
+      flags.choice_bounds.Words(), ChoiceObjectiveWanted(objective), SweepLabel(row.config),
       row.bits_per_element, row.memory_bits, row.bits_at_ctx, flags.ctx, row.delta_ppl_pct,
       row.decode_attention_us_per_token);
   if (!flags.write_config_path.empty()) {
@@ -267,7 +273,7 @@ absl::Status ChooseAndWrite(const SweepFlags& flags, const std::vector<KvConfig>
                                 .batch = options.batch > 0 ? options.batch : flags.ctx,
                                 .windows = reference.num_windows,
                                 .reference_ppl = reference.perplexity.ppl,
-                                .max_dppl_pct = *flags.max_dppl_pct,
+                                .bounds = flags.choice_bounds,
                                 .objective = objective};
     KVS_RETURN_IF_ERROR(WriteOutput("--write-config", flags.write_config_path,
                                     ChosenConfigFile(grid[chosen], row, context)));
@@ -358,23 +364,41 @@ absl::Status RunGridSweep(const SweepFlags& flags, const KvConfig& base, std::ve
   if (!flags.plot_prefix.empty()) {
     KVS_RETURN_IF_ERROR(WritePlot(flags.plot_prefix, rows, frontiers, flags.ctx, flags.plot_held));
   }
-  if (!flags.max_dppl_pct) return absl::OkStatus();
+  if (!flags.choice_bounds.any()) return absl::OkStatus();
   return ChooseAndWrite(flags, grid, rows, reference, options);
 }
 
-// --max-dppl, --prefer, --write-config and --mix-best, checked before any work.
+// A bound of the choice: a finite number, >= 0 for a percent, > 0 for bits.
+absl::Status CheckBound(const char* flag, const std::optional<double>& bound, bool percent) {
+  // NaN fails every comparison, so it is refused too.
+  if (!bound || (std::isfinite(*bound) && (percent ? *bound >= 0 : *bound > 0))) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      percent
+          ? absl::StrFormat("%s must be a percent >= 0 (e.g. 2 for 2 %%), got %g", flag, *bound)
+          : absl::StrFormat("%s must be bits per element > 0 (e.g. 4.5), got %g", flag, *bound));
+}
+
+// --max-dppl, --max-bits, --max-bits-at-ctx, --prefer, --write-config and --mix-best, checked
+// before any work.
 absl::Status CheckChoiceFlags(const SweepFlags& flags) {
-  if (flags.max_dppl_pct) {
-    // NaN fails both comparisons, so it is refused too.
-    if (!(*flags.max_dppl_pct >= 0 && std::isfinite(*flags.max_dppl_pct))) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "--max-dppl must be a percent >= 0 (e.g. 2 for 2 %%), got %g", *flags.max_dppl_pct));
-    }
+  const ChoiceBounds& bounds = flags.choice_bounds;
+  KVS_RETURN_IF_ERROR(CheckBound("--max-dppl", bounds.max_dppl_pct, /*percent=*/true));
+  KVS_RETURN_IF_ERROR(CheckBound("--max-bits", bounds.max_bits, /*percent=*/false));
+  KVS_RETURN_IF_ERROR(CheckBound("--max-bits-at-ctx", bounds.max_bits_at_ctx, /*percent=*/false));
+  if (!bounds.any() && (!flags.prefer.empty() || !flags.write_config_path.empty())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flags.prefer.empty() ? "--write-config" : "--prefer",
+        " needs a bound to choose within: --max-dppl, --max-bits or --max-bits-at-ctx"));
+  }
+  if (bounds.any()) {
     if (flags.stream_tokens > 0) {
-      return absl::InvalidArgumentError(
-          "--max-dppl chooses by ΔPPL over perplexity windows; --stream reports segments instead");
+      return absl::InvalidArgumentError(absl::StrCat(
+          bounds.Flags(),
+          ": the choice weighs ΔPPL over perplexity windows; --stream reports segments instead"));
     }
-    KVS_RETURN_IF_ERROR(ParseChoiceObjective(flags.prefer).status());
+    KVS_RETURN_IF_ERROR(ObjectiveOf(flags).status());
   }
   if (!flags.mix_best.empty() && flags.stream_tokens > 0) {
     return absl::InvalidArgumentError(
@@ -528,19 +552,24 @@ RunFn RegisterSweep(CLI::App& app) {
                 "plot the bits per element the cache held at --ctx (F32 recent and pending rows "
                 "included) and the frontier at this ctx, instead of the bits stored")
       ->needs(plot);
-  CLI::Option* max_dppl = sub->add_option(
-      "--max-dppl", flags->max_dppl_pct,
-      "after the sweep, choose the best row whose ΔPPL % is at most this (e.g. 2), as --prefer "
-      "says; an error naming the closest row when none is");
+  sub->add_option("--max-dppl", flags->choice_bounds.max_dppl_pct,
+                  "after the sweep, choose the best row whose ΔPPL % is at most this (e.g. 2), "
+                  "as --prefer says; an error naming the closest row when none is");
+  sub->add_option("--max-bits", flags->choice_bounds.max_bits,
+                  "choose among rows storing at most this many bits per element of context "
+                  "(e.g. 4.5): with --max-dppl, both bounds hold; alone, the most accurate row "
+                  "within it");
+  sub->add_option("--max-bits-at-ctx", flags->choice_bounds.max_bits_at_ctx,
+                  "choose among rows whose cache held at most this many bits per element at "
+                  "--ctx, F32 recent and pending rows included (the 'bits at ctx' column)");
   sub->add_option("--prefer", flags->prefer,
                   "what the choice minimises: memory (bits per element of context, the figure "
-                  "long contexts approach; default), peak-memory (bytes the cache held at its "
-                  "fullest at this --ctx, F32 recent and pending rows included) or speed (decode "
-                  "attention time)")
-      ->needs(max_dppl);
+                  "long contexts approach; the default with --max-dppl), peak-memory (bytes the "
+                  "cache held at its fullest at this --ctx, F32 recent and pending rows "
+                  "included), speed (decode attention time) or accuracy (ΔPPL; the default "
+                  "without --max-dppl)");
   sub->add_option("--write-config", flags->write_config_path,
-                  "write the chosen configuration as a TOML file for --kv-config")
-      ->needs(max_dppl);
+                  "write the chosen configuration as a TOML file for --kv-config");
   flags->cache.Add(sub, /*with_grid_flags=*/false);
   flags->engine.Add(sub);
   return [flags]() { return RunSweep(*flags); };

@@ -14,6 +14,7 @@
 #include "options.h"
 #include "run/evaluate.h"
 #include "run/long_context_eval.h"
+#include "sweep_choice.h"
 
 namespace kvstack::cli {
 
@@ -38,10 +39,11 @@ struct SweepFlags {
   std::string json_path;
   std::string plot_prefix;
   bool plot_held = false;  // --plot-held: the plot's x axis is bits_at_ctx, not memory_bits
-  // --max-dppl: choose the best row within this ΔPPL %; --prefer: what "best" means;
-  // --write-config: where the chosen configuration goes as TOML (sweep_choice.h).
-  std::optional<double> max_dppl_pct;
-  std::string prefer = "memory";
+  // --max-dppl, --max-bits, --max-bits-at-ctx: choose the best row within these bounds;
+  // --prefer: what "best" means (empty: DefaultObjective); --write-config: where the chosen
+  // configuration goes as TOML (sweep_choice.h).
+  ChoiceBounds choice_bounds;
+  std::string prefer;
   std::string write_config_path;
   CacheFlags cache;
   EngineFlags engine;
