@@ -68,6 +68,29 @@ int FewestBitsWithin(const nlohmann::json& rows, double max_dppl,
   return best;
 }
 
+// The heads of a mix row, as (layer, kv head), from its JSON configuration.
+std::set<std::pair<int, int>> MixHeads(const nlohmann::json& row) {
+  std::set<std::pair<int, int>> heads;
+  for (const auto& head : row["config"]["head_codecs"]) {
+    heads.emplace(head["layer_idx"].get<int>(), head["kv_head"].get<int>());
+  }
+  return heads;
+}
+
+// The (layer, kv head) of the `count` probes (rows 1..20, layer-major, 4 kv heads) that lost
+// least, ties in layer-major order.
+std::set<std::pair<int, int>> BestProbedHeads(const nlohmann::json& rows, int count) {
+  std::vector<std::pair<double, int>> ranked;
+  for (int i = 0; i < 20; ++i) ranked.emplace_back(rows[1 + i]["delta_ppl_pct"].get<double>(), i);
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::set<std::pair<int, int>> heads;
+  for (int rank = 0; rank < count; ++rank) {
+    heads.emplace(ranked[rank].second / 4, ranked[rank].second % 4);
+  }
+  return heads;
+}
+
 // The [kv] table of a written file, key by key, against the configuration the sweep's JSON
 // reports for the same row: the TOML writer and the JSON one list KvConfig's fields apart, and
 // this keeps the two lists (and their values) the same. Layer and head overrides are tables in
@@ -238,36 +261,27 @@ TEST_F(SweepChoiceCliTest, MixBestStoresTheHeadsWhoseProbesLostLeast) {
   const auto rows = nlohmann::json::parse(r.out)["rows"];
   // The grid's row, stories260K's 5 x 4 probes, then one row per count.
   ASSERT_EQ(rows.size(), 1u + 20u + 3u);
-  std::vector<std::pair<double, int>> ranked;  // (ΔPPL, probe) in layer-major order
-  for (int i = 0; i < 20; ++i) ranked.emplace_back(rows[1 + i]["delta_ppl_pct"].get<double>(), i);
-  std::stable_sort(ranked.begin(), ranked.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
-  auto heads_of = [](const nlohmann::json& row) {
-    std::set<std::pair<int, int>> heads;
-    for (const auto& head : row["config"]["head_codecs"]) {
+  for (int i = 21; i < 24; ++i) {
+    for (const auto& head : rows[i]["config"]["head_codecs"]) {
       EXPECT_EQ(head["k_codec"], "int8");
       EXPECT_EQ(head["v_codec"], "int8");
-      heads.emplace(head["layer_idx"].get<int>(), head["kv_head"].get<int>());
     }
-    return heads;
-  };
+  }
   const auto& best1 = rows[21];
   const auto& best3 = rows[22];
   const auto& all20 = rows[23];
   // One head: the best probe's configuration itself, so the same perplexity to the bit.
-  EXPECT_EQ(heads_of(best1), heads_of(rows[1 + ranked[0].second]));
-  EXPECT_EQ(best1["ppl"].get<double>(), rows[1 + ranked[0].second]["ppl"].get<double>());
-  std::set<std::pair<int, int>> best3_heads;
-  for (int rank = 0; rank < 3; ++rank) {
-    best3_heads.emplace(ranked[rank].second / 4, ranked[rank].second % 4);
-  }
-  EXPECT_EQ(heads_of(best3), best3_heads);
+  const std::set<std::pair<int, int>> best_head = BestProbedHeads(rows, 1);
+  EXPECT_EQ(MixHeads(best1), best_head);
+  const auto [layer, kv_head] = *best_head.begin();
+  EXPECT_EQ(best1["ppl"].get<double>(), rows[1 + layer * 4 + kv_head]["ppl"].get<double>());
+  EXPECT_EQ(MixHeads(best3), BestProbedHeads(rows, 3));
   const double int2_bits = rows[0]["bits_per_element"].get<double>();
   const double int8_bits = all20["bits_per_element"].get<double>();
   EXPECT_GT(int8_bits, int2_bits);
   EXPECT_DOUBLE_EQ(best1["bits_per_element"].get<double>(), (19 * int2_bits + int8_bits) / 20);
   EXPECT_DOUBLE_EQ(best3["bits_per_element"].get<double>(), (17 * int2_bits + 3 * int8_bits) / 20);
-  EXPECT_EQ(heads_of(all20).size(), 20u);
+  EXPECT_EQ(MixHeads(all20).size(), 20u);
   // Every head in int8 loses least of all, the probes' best one head more than it.
   EXPECT_LT(all20["delta_ppl_pct"].get<double>(), best1["delta_ppl_pct"].get<double>());
 }
@@ -401,6 +415,81 @@ TEST_F(SweepChoiceCliTest, BoundsNothingMeetsTogetherNameTheNearestMisses) {
   EXPECT_NE(r.out.find("| int2-g8 / int2-g8 |"), std::string::npos) << r.out;
 }
 
+// --mix-fit fills a memory budget with the best-probed heads: as many in the larger codec as
+// fit, and the choice then takes the most accurate row within the budget.
+TEST_F(SweepChoiceCliTest, MixFitTakesAsManyBestProbedHeadsAsTheBudgetHolds) {
+  const CommandResult r = RunCli(Sweep() +
+                                 " --k-codec int2 --v-codec int2 --probe-heads int8 "
+                                 "--max-bits 4.05 --mix-fit --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rows = nlohmann::json::parse(r.out)["rows"];
+  ASSERT_EQ(rows.size(), 1u + 20u + 1u);  // the grid's row, the probes, the mix
+  const auto& mix = rows[21];
+  // int2 stores 3 bits and int8 10 at head_dim 8: each of 20 heads in int8 adds 0.35, and
+  // 4.05 is exactly 3 heads' worth, a sum that rounding in doubles puts just above it.
+  const int count = static_cast<int>(MixHeads(mix).size());
+  ASSERT_EQ(count, 3);
+  EXPECT_EQ(MixHeads(mix), BestProbedHeads(rows, count));
+  // Every head in int8 adds the same bits: the mix fits, one head more would not.
+  const double first = rows[0]["memory_bits"].get<double>();
+  const double per_head = rows[1]["memory_bits"].get<double>() - first;
+  ASSERT_GT(per_head, 0);
+  EXPECT_NEAR(mix["memory_bits"].get<double>(), first + count * per_head, 1e-9);
+  EXPECT_NEAR(mix["memory_bits"].get<double>(), 4.05, 1e-9);
+  EXPECT_GT(first + (count + 1) * per_head, 4.05);
+  EXPECT_NE(r.err.find("--mix-fit: the " + std::to_string(count) +
+                       " best-probed of 20 heads in int8 / int8 fit bits/elem of context <= "
+                       "4.05; their mix is the last row"),
+            std::string::npos)
+      << r.err;
+  const int most_accurate = BestRow(
+      rows,
+      [](const nlohmann::json& row) { return row["memory_bits"].get<double>() <= 4.05 + 1e-9; },
+      [](const nlohmann::json& row) {
+        return std::tuple(row["delta_ppl_pct"].get<double>(), row["memory_bits"].get<double>());
+      });
+  EXPECT_NE(r.err.find("(smallest ΔPPL): int2 / int2 " +
+                       (most_accurate == 21 ? "+" + std::to_string(count) + " head overrides,"
+                                            : std::string("head."))),
+            std::string::npos)
+      << r.err;
+}
+
+// Where the probe's codecs are the smaller, the fewest heads that bring the row within the
+// budget: each one more costs accuracy.
+TEST_F(SweepChoiceCliTest, MixFitTakesTheFewestSmallerHeadsThatFit) {
+  const CommandResult r = RunCli(Sweep() +
+                                 " --k-codec int8 --v-codec int8 --probe-heads int2 "
+                                 "--max-bits 8 --mix-fit --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rows = nlohmann::json::parse(r.out)["rows"];
+  ASSERT_EQ(rows.size(), 22u);
+  const int count = static_cast<int>(MixHeads(rows[21]).size());
+  EXPECT_EQ(MixHeads(rows[21]), BestProbedHeads(rows, count));
+  const double first = rows[0]["memory_bits"].get<double>();
+  const double per_head = rows[1]["memory_bits"].get<double>() - first;
+  ASSERT_LT(per_head, 0);
+  EXPECT_LE(rows[21]["memory_bits"].get<double>(), 8 + 1e-9);
+  EXPECT_GT(first + (count - 1) * per_head, 8);
+}
+
+// A budget no mix can meet adds no row, says so, and the choice's error names the nearest.
+TEST_F(SweepChoiceCliTest, MixFitWithABudgetNothingMeetsAddsNoRow) {
+  const CommandResult r = RunCli(Sweep() +
+                                 " --k-codec int8 --v-codec int8 --probe-heads int2 "
+                                 "--max-bits 2 --mix-fit --csv -");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(Lines(r.out), 1 + 1 + 20) << r.out;  // the header, the grid's row, the probes
+  EXPECT_NE(r.err.find("--mix-fit: no number of heads in int2 / int2 fits bits/elem of context "
+                       "<= 2; no mix row added"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("kvstack: --max-bits 2: no configuration is within bits/elem of context "
+                       "<= 2 (the fewest bits of context: "),
+            std::string::npos)
+      << r.err;
+}
+
 TEST_F(SweepChoiceCliTest, BoundNothingMeetsLosesNoOtherOutput) {
   const std::string chosen = dir_ + "/never.toml";
   const std::string csv = dir_ + "/rows.csv";
@@ -437,6 +526,8 @@ TEST_F(SweepChoiceCliTest, BadChoiceInputGetsOneLineBeforeAnyWork) {
            Sweep() + " --max-bits 4.5 --prefer fast",                     // unknown objective
            Sweep() + " --prefer speed",                                   // nothing to bound
            Sweep() + " --write-config c.toml",                            // nothing to bound
+           Sweep() + " --probe-heads int8 --mix-fit",                     // no memory budget
+           Sweep() + " --probe-heads int8 --mix-fit --max-dppl 1",        // no memory budget
        }) {
     const CommandResult r = RunCli(args);
     EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.err;
@@ -455,6 +546,12 @@ TEST_F(SweepChoiceCliTest, BadChoiceInputGetsOneLineBeforeAnyWork) {
             std::string::npos);
   EXPECT_NE(RunCli(Sweep() + " --max-bits -4").err.find("--max-bits must be bits per element > 0"),
             std::string::npos);
+  EXPECT_NE(RunCli(Sweep() + " --probe-heads int8 --mix-fit")
+                .err.find("--mix-fit fills a memory budget: give --max-bits or --max-bits-at-ctx"),
+            std::string::npos);
+  const CommandResult fit = RunCli(Sweep() + " --mix-fit --max-bits 4");
+  EXPECT_EQ(fit.exit_code, 2) << fit.err;
+  EXPECT_NE(fit.err.find("--mix-fit requires --probe-heads"), std::string::npos) << fit.err;
   const CommandResult mix = RunCli(Sweep() + " --mix-best 2");
   EXPECT_EQ(mix.exit_code, 2) << mix.err;
   EXPECT_NE(mix.err.find("--mix-best requires --probe-heads"), std::string::npos) << mix.err;

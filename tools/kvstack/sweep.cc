@@ -17,6 +17,7 @@
 #include <fstream>
 #include <optional>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -291,6 +292,47 @@ struct HeadProbePlan {
   int num_kv_heads = 0;
 };
 
+// --mix-fit's count: the memory bounds given, each as the first row's and the probe rows'
+// figures (the probes are the rows' last probe.num_rows).
+std::optional<int> FitMix(const ChoiceBounds& bounds, const std::vector<SweepRow>& rows,
+                          const HeadProbePlan& probe, std::span<const double> probe_dppl) {
+  std::vector<std::vector<double>> figures;
+  std::vector<MixBudget> budgets;
+  const auto add = [&](const std::optional<double>& max_bits, double ConfigEvaluation::*figure) {
+    if (!max_bits) return;
+    std::vector<double>& probe_bits = figures.emplace_back();
+    for (size_t i = rows.size() - probe.num_rows; i < rows.size(); ++i) {
+      probe_bits.push_back(rows[i].eval.*figure);
+    }
+    budgets.push_back(
+        {.first_bits = rows.front().eval.*figure, .probe_bits = {}, .max_bits = *max_bits});
+  };
+  add(bounds.max_bits, &ConfigEvaluation::memory_bits);
+  add(bounds.max_bits_at_ctx, &ConfigEvaluation::bits_at_ctx);
+  for (size_t i = 0; i < budgets.size(); ++i) budgets[i].probe_bits = figures[i];
+  return FittingMixCount(probe_dppl, budgets);
+}
+
+// The line that says what --mix-fit took.
+std::string MixFitNote(const ChoiceBounds& bounds, const HeadProbePlan& probe,
+                       std::optional<int> fitted) {
+  const std::string codecs = absl::StrCat(probe.codecs.first, " / ", probe.codecs.second);
+  ChoiceBounds memory = bounds;
+  memory.max_dppl_pct.reset();
+  if (!fitted) {
+    return absl::StrCat("--mix-fit: no number of heads in ", codecs, " fits ", memory.Words(),
+                        "; no mix row added");
+  }
+  if (*fitted == 0) {
+    return absl::StrCat("--mix-fit: ", memory.Words(), " takes none of the heads in ", codecs,
+                        " beyond the first row; no mix row added");
+  }
+  return absl::StrFormat(
+      "--mix-fit: the %d best-probed of %d heads in %s fit %s; their mix is "
+      "the last row",
+      *fitted, probe.num_rows, codecs, memory.Words());
+}
+
 absl::Status RunGridSweep(const SweepFlags& flags, const KvConfig& base, std::vector<KvConfig> grid,
                           const std::optional<HeadProbePlan>& probe, const LlamaModel& model,
                           std::span<const TokenId> tokens, const EvaluateOptions& options) {
@@ -303,10 +345,12 @@ absl::Status RunGridSweep(const SweepFlags& flags, const KvConfig& base, std::ve
   ReferenceRun reference;
   std::vector<SweepRow> rows;
   std::optional<RetrievalProbeResult> full_probe;
+  std::string mix_note;  // what --mix-fit took, said once the progress bar is gone
   {
     ProgressBar bar("sweep");
     const int total =
-        num_windows * static_cast<int>(grid.size() + 1 + (probe ? flags.mix_best.size() : 0));
+        num_windows *
+        static_cast<int>(grid.size() + 1 + (probe ? flags.mix_best.size() + flags.mix_fit : 0));
     KVS_ASSIGN_OR_RETURN(reference, RunReference(model, tokens, base, options,
                                                  [&](int done, int) { bar.Update(done, total); }));
     if (flags.retrieval_probe) {
@@ -329,20 +373,29 @@ absl::Status RunGridSweep(const SweepFlags& flags, const KvConfig& base, std::ve
       return absl::OkStatus();
     };
     KVS_RETURN_IF_ERROR(evaluate_rows(0));
-    if (probe && !flags.mix_best.empty()) {
+    if (probe && (!flags.mix_best.empty() || flags.mix_fit)) {
       // The mixes need the probes' results, so they are built and run after them.
       std::vector<double> probe_dppl;
       for (size_t i = rows.size() - probe->num_rows; i < rows.size(); ++i) {
         probe_dppl.push_back(rows[i].eval.delta_ppl_pct);
       }
+      std::vector<int> counts = flags.mix_best;
+      if (flags.mix_fit) {
+        const std::optional<int> fitted = FitMix(flags.choice_bounds, rows, *probe, probe_dppl);
+        mix_note = MixFitNote(flags.choice_bounds, *probe, fitted);
+        if (fitted && *fitted > 0 && !absl::c_linear_search(counts, *fitted)) {
+          counts.push_back(*fitted);
+        }
+      }
       const size_t num_before = grid.size();
       const std::vector<KvConfig> mixes =
-          HeadMixRows(grid.front(), probe->codecs, probe_dppl, probe->num_kv_heads, flags.mix_best);
+          HeadMixRows(grid.front(), probe->codecs, probe_dppl, probe->num_kv_heads, counts);
       grid.insert(grid.end(), mixes.begin(), mixes.end());
       KVS_RETURN_IF_ERROR(evaluate_rows(num_before));
     }
   }
 
+  if (!mix_note.empty()) std::fprintf(stderr, "%s\n", mix_note.c_str());
   const Frontiers frontiers(rows);
   if (flags.csv_path != "-" && flags.json_path != "-") {
     std::printf(
@@ -399,6 +452,10 @@ absl::Status CheckChoiceFlags(const SweepFlags& flags) {
           ": the choice weighs ΔPPL over perplexity windows; --stream reports segments instead"));
     }
     KVS_RETURN_IF_ERROR(ObjectiveOf(flags).status());
+  }
+  if (flags.mix_fit && !bounds.max_bits && !bounds.max_bits_at_ctx) {
+    return absl::InvalidArgumentError(
+        "--mix-fit fills a memory budget: give --max-bits or --max-bits-at-ctx");
   }
   if (!flags.mix_best.empty() && flags.stream_tokens > 0) {
     return absl::InvalidArgumentError(
@@ -517,6 +574,11 @@ RunFn RegisterSweep(CLI::App& app) {
                   "N,...: after the --probe-heads rows, one row per N: the first configuration "
                   "with the N heads whose probes lost least stored as the probe's codecs")
       ->delimiter(',')
+      ->needs(probe_heads);
+  sub->add_flag("--mix-fit", flags->mix_fit,
+                "after the --probe-heads rows, one more mix: as many of the best-probed heads in "
+                "the probe's codecs as --max-bits / --max-bits-at-ctx take (the fewest that "
+                "fit where the probe's codecs are the smaller)")
       ->needs(probe_heads);
   sub->add_option("--policy", flags->policies,
                   "selection policies, comma-separated: full, window, streaming, h2o, tova, "

@@ -28,6 +28,7 @@ struct SweepFlags {
   std::vector<std::string> lowrank;  // --lowrank: K = V rows of profiled codecs
   std::string probe_heads;           // --probe-heads: "K:V" or "C" for each (layer, kv head)
   std::vector<int> mix_best;         // --mix-best: counts of best-probed heads, one row each
+  bool mix_fit = false;              // --mix-fit: one more row, as many as the memory bounds take
   std::vector<std::string> policies;
   std::vector<std::string> budgets;
   std::vector<int> recents;  // --recent: F32 recent windows, one row each
@@ -73,6 +74,27 @@ std::vector<KvConfig> HeadProbeRows(const KvConfig& first,
 // layer-major as HeadProbeRows makes them (ties keep that order). Each N is at most
 // probe_dppl.size(). Ranking once and taking the best N assumes the heads' losses add up; the
 // mixes' own rows measure whether they do.
+// The probe rows' indices, least ΔPPL first (ties keep layer-major order): the order in which
+// --mix-best and --mix-fit give heads the probes' codecs.
+std::vector<int> RankProbes(std::span<const double> probe_dppl);
+
+// A memory bound for --mix-fit: the grid's first row's figure (memory_bits or bits_at_ctx),
+// each probe row's (layer-major), and the most the mix may hold.
+struct MixBudget {
+  double first_bits = 0;
+  std::span<const double> probe_bits;
+  double max_bits = 0;
+};
+
+// --mix-fit: how many of the best-ranked heads a mix takes within every budget. A mix's figure
+// is estimated as the first row's plus each chosen probe's difference from it (exact for
+// memory_bits, an average over heads; for bits_at_ctx an estimate, since a head's codec may
+// change its layer's F32 rows: the mix's own row measures it). Where the probes' codecs store
+// at least as much as the first row's, the most heads that fit; where less, the fewest.
+// nullopt: no count fits (0 may: the first row itself).
+std::optional<int> FittingMixCount(std::span<const double> probe_dppl,
+                                   std::span<const MixBudget> budgets);
+
 std::vector<KvConfig> HeadMixRows(const KvConfig& first,
                                   const std::pair<std::string, std::string>& codecs,
                                   std::span<const double> probe_dppl, int num_kv_heads,

@@ -57,8 +57,8 @@ bool WithinAccuracy(const ConfigEvaluation& row, const ChoiceBounds& bounds) {
 }
 
 bool WithinMemory(const ConfigEvaluation& row, const ChoiceBounds& bounds) {
-  return (!bounds.max_bits || row.memory_bits <= *bounds.max_bits) &&
-         (!bounds.max_bits_at_ctx || row.bits_at_ctx <= *bounds.max_bits_at_ctx);
+  return (!bounds.max_bits || WithinBitBound(row.memory_bits, *bounds.max_bits)) &&
+         (!bounds.max_bits_at_ctx || WithinBitBound(row.bits_at_ctx, *bounds.max_bits_at_ctx));
 }
 
 // The row least in `figure` among those `eligible` admits, and whether any was admitted (where
@@ -142,6 +142,8 @@ std::string ChoiceBounds::Words() const {
   }
   return absl::StrJoin(words, " and ");
 }
+
+bool WithinBitBound(double bits, double max_bits) { return bits <= max_bits * (1 + 1e-9); }
 
 ChoiceObjective DefaultObjective(const ChoiceBounds& bounds) {
   return bounds.max_dppl_pct ? ChoiceObjective::kMemory : ChoiceObjective::kAccuracy;

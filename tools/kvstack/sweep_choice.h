@@ -49,6 +49,11 @@ struct ChoiceBounds {
   std::string Words() const;
 };
 
+// Whether a figure of bits per element is within a bound. Figures are sums of per-head and
+// per-layer shares (2.5 + 10 x 0.1 comes to 3.5000000000000004), so the bound admits what
+// exceeds it by rounding only: 1e-9 of it.
+bool WithinBitBound(double bits, double max_bits);
+
 // What a choice minimises when --prefer is not given: the fewest bits within an accuracy
 // bound, the smallest loss within memory bounds alone.
 ChoiceObjective DefaultObjective(const ChoiceBounds& bounds);

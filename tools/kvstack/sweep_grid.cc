@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -142,14 +143,45 @@ std::vector<KvConfig> HeadProbeRows(const KvConfig& first,
   return rows;
 }
 
-std::vector<KvConfig> HeadMixRows(const KvConfig& first,
-                                  const std::pair<std::string, std::string>& codecs,
-                                  std::span<const double> probe_dppl, int num_kv_heads,
-                                  std::span<const int> counts) {
+std::vector<int> RankProbes(std::span<const double> probe_dppl) {
   std::vector<int> ranked(probe_dppl.size());
   std::iota(ranked.begin(), ranked.end(), 0);
   std::stable_sort(ranked.begin(), ranked.end(),
                    [&](int a, int b) { return probe_dppl[a] < probe_dppl[b]; });
+  return ranked;
+}
+
+std::optional<int> FittingMixCount(std::span<const double> probe_dppl,
+                                   std::span<const MixBudget> budgets) {
+  const std::vector<int> ranked = RankProbes(probe_dppl);
+  const int num_probes = static_cast<int>(ranked.size());
+  if (budgets.empty() || num_probes == 0) return std::nullopt;
+  // Whether the probes' codecs store more than the first row's: then more heads cost more
+  // memory and (the probes' premise) lose less, so the most that fit is the most accurate.
+  const MixBudget& lead = budgets.front();
+  const bool probes_larger = lead.probe_bits[ranked[0]] >= lead.first_bits;
+  std::optional<int> fitting;
+  for (int count = 0; count <= num_probes; ++count) {
+    bool fits = true;
+    for (const MixBudget& budget : budgets) {
+      double estimate = budget.first_bits;
+      for (int rank = 0; rank < count; ++rank) {
+        estimate += budget.probe_bits[ranked[rank]] - budget.first_bits;
+      }
+      fits = fits && WithinBitBound(estimate, budget.max_bits);
+    }
+    if (!fits) continue;
+    fitting = count;
+    if (!probes_larger) break;  // the fewest heads in the smaller codecs
+  }
+  return fitting;
+}
+
+std::vector<KvConfig> HeadMixRows(const KvConfig& first,
+                                  const std::pair<std::string, std::string>& codecs,
+                                  std::span<const double> probe_dppl, int num_kv_heads,
+                                  std::span<const int> counts) {
+  const std::vector<int> ranked = RankProbes(probe_dppl);
   std::vector<KvConfig> rows;
   for (const int count : counts) {
     KvConfig config = first;
