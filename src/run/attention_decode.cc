@@ -269,10 +269,13 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
     // split order: back to element order
     float* row = Scratch(kSlotSplitState, head_dim);
     const size_t parts = SplitParts(v_reader);
+    const float factor = SplitStateFactor(v_reader);
     for (int j = 0; j < group; ++j) {
       float* st = state + j * state_stride;
       std::copy(st, st + head_dim, row);
-      for (size_t pos = 0; pos < head_dim; ++pos) st[SplitElement(pos, nd, parts)] = row[pos];
+      for (size_t pos = 0; pos < head_dim; ++pos) {
+        st[SplitElement(pos, nd, parts)] = row[pos] * factor;
+      }
     }
   }
   if (vnni_values.ok && vnni_values.value_spans > 0) {  // span order: back to element order

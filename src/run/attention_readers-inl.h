@@ -428,11 +428,12 @@ void SplitQueries(D d, Reader r, const float* HWY_RESTRICT q, size_t num, float*
   const size_t n = hn::Lanes(d);
 #if HWY_TARGET != HWY_SCALAR               // (no ConcatEven there; it never takes kBF16Pairs)
   if constexpr (hn::MaxLanes(D()) >= 4) {  // (nor do narrower vectors: SplitOrderReader)
-    if (r == Reader::kBF16Pairs) {         // even elements, then odd ones, per 2n
+    if (IsPairsReader(r)) {                // even elements, then odd ones, per 2n
+      const auto factor = hn::Set(d, SplitQueryFactor(r));
       for (size_t i = 0; i < num; i += 2 * n) {
         const auto lo = hn::LoadU(d, q + i), hi = hn::LoadU(d, q + i + n);
-        hn::StoreU(hn::ConcatEven(d, hi, lo), d, qs + i);
-        hn::StoreU(hn::ConcatOdd(d, hi, lo), d, qs + i + n);
+        hn::StoreU(hn::Mul(hn::ConcatEven(d, hi, lo), factor), d, qs + i);
+        hn::StoreU(hn::Mul(hn::ConcatOdd(d, hi, lo), factor), d, qs + i + n);
       }
       return;
     }
@@ -513,10 +514,12 @@ void ScoreTileAs(const RowSet& keys, const RowSet& values, size_t num_keys, cons
 template <Reader kK, class D>
 void ScoreTile(const RowSet& keys, const RowSet& values, size_t num_keys, const float* q, int group,
                size_t head_dim, float* s, size_t s_stride) {
-  if constexpr (kK == Reader::kFp8E4M3) {
+  if constexpr (kK == Reader::kFp8E4M3 || kK == Reader::kFp8E4M3Pairs) {
     // Scored as finite first, while the rows come from memory with the readers' prefetching,
     // then checked from cache; a tile holding a NaN code is scored again.
-    ScoreTileAs<Reader::kFp8E4M3Finite, D>(keys, values, num_keys, q, group, head_dim, s, s_stride);
+    constexpr Reader kFinite =
+        kK == Reader::kFp8E4M3 ? Reader::kFp8E4M3Finite : Reader::kFp8E4M3PairsFinite;
+    ScoreTileAs<kFinite, D>(keys, values, num_keys, q, group, head_dim, s, s_stride);
     if (!AnyE4M3Nan(keys, num_keys, head_dim)) return;
   }
   ScoreTileAs<kK, D>(keys, values, num_keys, q, group, head_dim, s, s_stride);
@@ -550,7 +553,7 @@ HWY_INLINE void AccumulateSlice(D d, const RowSet& values, size_t num_keys,
     HWY_UNROLL(8)
     for (int j = 0; j < kNumQ; ++j) w[j] = hn::Set(d, p[j * p_stride + key]);
     const std::byte* row = values.rows[key];
-    if constexpr (kV == Reader::kInt4S || kV == Reader::kBF16Pairs) {
+    if constexpr (kV == Reader::kInt4S || IsPairsReader(kV)) {
       // kVecs is a multiple of the 2 parts of a block: a slice is whole blocks.
       HWY_UNROLL(8)
       for (size_t v = 0; v < kVecs; v += 2) {
@@ -623,10 +626,13 @@ HWY_INLINE void AccumulateRows(D d, const RowSet& values, size_t num_keys,
 template <Reader kV, class D>
 void AccumulateTile(const RowSet& values, size_t num_keys, const float* p, size_t p_stride,
                     int group, size_t head_dim, float* state, size_t state_stride) {
-  if constexpr (kV == Reader::kFp8E4M3) {  // (the values came into cache while keys were scored)
+  // (The values came into cache while keys were scored.)
+  if constexpr (kV == Reader::kFp8E4M3 || kV == Reader::kFp8E4M3Pairs) {
+    constexpr Reader kFinite =
+        kV == Reader::kFp8E4M3 ? Reader::kFp8E4M3Finite : Reader::kFp8E4M3PairsFinite;
     if (!AnyE4M3Nan(values, num_keys, head_dim)) {
-      return AccumulateTile<Reader::kFp8E4M3Finite, D>(values, num_keys, p, p_stride, group,
-                                                       head_dim, state, state_stride);
+      return AccumulateTile<kFinite, D>(values, num_keys, p, p_stride, group, head_dim, state,
+                                        state_stride);
     }
   }
   const D d;
@@ -661,13 +667,16 @@ void AccumulateTile(const RowSet& values, size_t num_keys, const float* p, size_
   });
 }
 
-// The reader a decode task takes for an arena's reader at vector width D: BF16 rows of whole
-// pair blocks in split order (kBF16Pairs; the task puts its value states back in element order
-// at its end), every other as it is.
+// The reader a decode task takes for an arena's reader at vector width D: BF16 and E4M3 rows
+// of whole pair blocks in split order (kBF16Pairs, kFp8E4M3Pairs; the task puts its value
+// states back in element order at its end), every other as it is.
 template <class D>
 Reader SplitOrderReader(Reader r, size_t head_dim) {
   const bool pairs = hn::MaxLanes(D()) >= 4 && head_dim % (2 * hn::Lanes(D())) == 0;
-  return r == Reader::kBF16 && pairs ? Reader::kBF16Pairs : r;
+  if (!pairs) return r;
+  return r == Reader::kBF16      ? Reader::kBF16Pairs
+         : r == Reader::kFp8E4M3 ? Reader::kFp8E4M3Pairs
+                                 : r;
 }
 
 using ScoreFn = void (*)(const RowSet&, const RowSet&, size_t, const float*, int, size_t, float*,
@@ -697,6 +706,8 @@ ScoreFn ScoreFor(Reader r) {
         return &ScoreTile<Reader::kInt4S, D>;
       case Reader::kBF16Pairs:
         return &ScoreTile<Reader::kBF16Pairs, D>;
+      case Reader::kFp8E4M3Pairs:
+        return &ScoreTile<Reader::kFp8E4M3Pairs, D>;
       default:
         break;
     }
@@ -732,6 +743,8 @@ AccumulateFn AccumulateFor(Reader r) {
         return &AccumulateTile<Reader::kInt4S, D>;
       case Reader::kBF16Pairs:
         return &AccumulateTile<Reader::kBF16Pairs, D>;
+      case Reader::kFp8E4M3Pairs:
+        return &AccumulateTile<Reader::kFp8E4M3Pairs, D>;
       default:
         break;
     }

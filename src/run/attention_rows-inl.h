@@ -81,19 +81,45 @@ enum class Reader {
   // upper half of an F32, so the even elements of a dword are a shift away and the odd ones a
   // mask: one operation per Lanes(d) elements where widening costs two.
   kBF16Pairs,
+  // kFp8E4M3 rows in kBF16Pairs' split order (SplitOrderReader): each code becomes BF16 bits
+  // by a sign-extending widening, a shift and a mask per 2 Lanes(d) codes, then is read as a
+  // BF16 pair; no IEEE-half conversion, which issues once per cycle where FMAs issue twice (Zen
+  // 3). Values are loaded times 2^-120 (see kE4M3PairsScale). kFp8E4M3PairsFinite: for the
+  // rows of a tile that hold no NaN code (AnyE4M3Nan).
+  kFp8E4M3Pairs,
+  kFp8E4M3PairsFinite,
 };
+
+constexpr bool IsE4M3PairsReader(Reader r) {
+  return r == Reader::kFp8E4M3Pairs || r == Reader::kFp8E4M3PairsFinite;
+}
+
+// kFp8E4M3Pairs loads E4M3 value v as the F32 v * 2^-120: its 4 exponent bits become the low
+// bits of an F32 exponent of bias 127 where E4M3's is 7, so E4M3's subnormals are F32
+// subnormals and exact. Left there, products with a query element or a weight would underflow,
+// so the query (SplitQueries) and the weights (RowScaleFactor) take 2^60 each, and the scores'
+// row scales (RowScaleFactor) and the value states (SplitStateFactor) the other 2^60; 2^60
+// keeps a largest F16 row scale (65504) times a weight of 1 far below F32's largest.
+constexpr float kE4M3PairsScale = 0x1p60f;
 
 // Readers of [f16 scale][8-bit elements] rows: the scale multiplies the score or the weight.
 constexpr bool IsE4M3Reader(Reader r) {
   return r == Reader::kFp8E4M3 || r == Reader::kFp8E4M3Finite;
 }
 constexpr bool IsRowScaled(Reader r) {
-  return r == Reader::kInt8 || IsE4M3Reader(r) || r == Reader::kFp8E5M2;
+  return r == Reader::kInt8 || IsE4M3Reader(r) || r == Reader::kFp8E5M2 || IsE4M3PairsReader(r);
 }
 
 // What a row-scaled reader's loaded values are multiplied by besides the row's scale: E4M3
-// loads its values times 2^-8 (see LoadRow).
-constexpr float RowScaleFactor(Reader r) { return IsE4M3Reader(r) ? 256.0f : 1.0f; }
+// loads its values times 2^-8 (see LoadRow), kFp8E4M3Pairs times 2^-120 (the query carries
+// 2^60 of it, kE4M3PairsScale).
+constexpr float RowScaleFactor(Reader r) {
+  return IsE4M3Reader(r) ? 256.0f : IsE4M3PairsReader(r) ? kE4M3PairsScale : 1.0f;
+}
+// What a split reader's query is multiplied by (SplitQueries), and its value states when they go
+// back to element order.
+constexpr float SplitQueryFactor(Reader r) { return IsE4M3PairsReader(r) ? kE4M3PairsScale : 1; }
+constexpr float SplitStateFactor(Reader r) { return IsE4M3PairsReader(r) ? kE4M3PairsScale : 1; }
 
 constexpr bool IsFloatReader(Reader r) {
   return r == Reader::kF32 || r == Reader::kF16 || r == Reader::kBF16;
@@ -187,12 +213,14 @@ HWY_INLINE size_t SplitElement(size_t pos, size_t lanes, size_t parts) {
   return pos - in_block + (in_block % lanes) * parts + in_block / lanes;
 }
 
+// Readers of BF16 pairs in dwords: BF16 rows, and E4M3 rows widened to BF16 bits.
+constexpr bool IsPairsReader(Reader r) { return r == Reader::kBF16Pairs || IsE4M3PairsReader(r); }
+
 constexpr bool IsSplitReader(Reader r) {
-  return r == Reader::kInt4S || r == Reader::kKivi4 || r == Reader::kKivi2 ||
-         r == Reader::kBF16Pairs;
+  return r == Reader::kInt4S || r == Reader::kKivi4 || r == Reader::kKivi2 || IsPairsReader(r);
 }
 // Parts per lane of a split reader: its elements per byte, or per dword of BF16 pairs.
-constexpr int SplitParts(Reader r) { return r == Reader::kBF16Pairs ? 2 : 8 / ReaderBits(r); }
+constexpr int SplitParts(Reader r) { return IsPairsReader(r) ? 2 : 8 / ReaderBits(r); }
 
 // The bytes of one split block (P elements from `first`), one per i32 lane.
 template <int kBits, class D>
@@ -220,6 +248,23 @@ HWY_INLINE hn::Vec<hn::Rebind<int32_t, D>> LoadSplit(D d, const std::byte* row, 
   if constexpr (kR == Reader::kBF16Pairs) {
     const hn::Rebind<int32_t, D> di;
     return hn::LoadU(di, reinterpret_cast<const int32_t*>(row) + first / 2);
+  } else if constexpr (IsE4M3PairsReader(kR)) {
+    // 2 Lanes(d) codes sign-extended to 16 bits and shifted left by 4: the sign in bit 15
+    // (copies in bits 11..14, masked off), exponent and mantissa in bits 4..10, the BF16 bits of
+    // the E4M3 value times 2^-120 (kE4M3PairsScale). The NaN codes (0x7F, 0xFF) would read as
+    // 1.875 * 2^-112: kFp8E4M3Pairs makes them a BF16 NaN.
+    const hn::Rebind<int32_t, D> di;
+    const hn::Repartition<int16_t, decltype(di)> di16;
+    const hn::Rebind<int8_t, decltype(di16)> di8;
+    const auto codes = hn::PromoteTo(
+        di16, hn::LoadU(di8, reinterpret_cast<const int8_t*>(row + sizeof(uint16_t)) + first));
+    auto bits = hn::And(hn::ShiftLeft<4>(codes), hn::Set(di16, static_cast<int16_t>(0x87F0)));
+    if constexpr (kR == Reader::kFp8E4M3Pairs) {
+      const auto magnitude = hn::Set(di16, int16_t{0x07F0});
+      bits = hn::IfThenElse(hn::Eq(hn::And(bits, magnitude), magnitude),
+                            hn::Set(di16, int16_t{0x7FC0}), bits);
+    }
+    return hn::BitCast(di, bits);
   } else {
     return LoadSplitBlock<ReaderBits(kR)>(d, row, first);
   }
@@ -228,7 +273,7 @@ HWY_INLINE hn::Vec<hn::Rebind<int32_t, D>> LoadSplit(D d, const std::byte* row, 
 // Part r of a block from LoadSplit as floats: codes (not dequantised), or BF16 elements 2l + r.
 template <Reader kR, class D>
 HWY_INLINE hn::Vec<D> SplitPartOf(D d, hn::Vec<hn::Rebind<int32_t, D>> block, int r) {
-  if constexpr (kR == Reader::kBF16Pairs) {
+  if constexpr (IsPairsReader(kR)) {
     const hn::Rebind<int32_t, D> di;
     return hn::BitCast(d, r == 0 ? hn::ShiftLeft<16>(block)
                                  : hn::And(block, hn::Set(di, static_cast<int32_t>(0xFFFF0000u))));
