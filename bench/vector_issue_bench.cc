@@ -1,7 +1,12 @@
 // Issue rate of the x86 vector instructions the AVX2 decode readers are made of (the float
 // readers and src/run/attention_madd-inl.h): instructions per second on one thread, each kind
-// alone and in pairs of kinds. A loop turn holds 16 independent instructions on 14 registers,
-// so latency does not count, only how many can start per cycle and on which ports. With a
+// alone and in pairs of kinds. A loop turn holds 14 instructions on 14 registers, one each, so
+// a turn's chains are one instruction long: latency bounds a turn at its kinds' longest (14 per
+// 4 cycles for FMAs, 3.5 a cycle, above any pair's issue rate measured), and what is measured is
+// how many can start per cycle and on which ports. (Until 2026-12-06 a turn held 16 on 14
+// registers: two registers took two instructions of one kind, so a pair with a 4-cycle kind
+// could not exceed 16 per 8 cycles, nor one with a 3-cycle kind 16 per 6, whatever its ports:
+// the fifteenth round's 2 and 2.67 a cycle for such pairs were those bounds.) With a
 // kernel's instruction count per token this gives its arithmetic floor on the machine
 // (docs/representation-speed.md, fifteenth round). x86-64 CPUs with AVX2 and FMA only;
 // elsewhere each benchmark skips with a message.
@@ -21,7 +26,7 @@ namespace {
 #if defined(__x86_64__)
 
 constexpr int64_t kTurns = 1 << 20;
-constexpr int kPerTurn = 16;
+constexpr int kPerTurn = 14;
 
 bool HasAvx2Fma() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 
@@ -35,12 +40,15 @@ bool HasAvx2Fma() { return __builtin_cpu_supports("avx2") && __builtin_cpu_suppo
 #define KVS_SHUFB(r) "vpshufb %%ymm8, " r ", " r "\n"
 #define KVS_CVTPH(r) "vcvtph2ps %%xmm8, " r "\n"
 #define KVS_BCASTD(r) "vpbroadcastd (%1), " r "\n"
-// 16 instructions, kinds A and B alternating, then the loop's count.
+#define KVS_AND(r) "vpand %%ymm8, " r ", " r "\n"
+#define KVS_SLLW(r) "vpsllw $4, " r ", " r "\n"
+#define KVS_UNPCKBW(r) "vpunpcklbw %%ymm8, " r ", " r "\n"
+// 14 instructions, kinds A and B alternating, each on its own register.
 // clang-format off
 #define KVS_TURN(A, B)                                                              \
   A("%%ymm0") B("%%ymm1") A("%%ymm2") B("%%ymm3") A("%%ymm4") B("%%ymm5")           \
   A("%%ymm6") B("%%ymm7") A("%%ymm10") B("%%ymm11") A("%%ymm12") B("%%ymm13")       \
-  A("%%ymm14") B("%%ymm15") A("%%ymm0") B("%%ymm1")
+  A("%%ymm14") B("%%ymm15")
 // clang-format on
 #define KVS_ISSUE_LOOP(A, B)                                                                     \
   [](int64_t turns) {                                                                            \
@@ -84,9 +92,17 @@ BENCHMARK_CAPTURE(BM_Issue, vpmaddubsw_vpmaddwd, KVS_ISSUE_LOOP(KVS_MADDUBSW, KV
 BENCHMARK_CAPTURE(BM_Issue, vfmadd231ps_vpsrld, KVS_ISSUE_LOOP(KVS_FMA, KVS_SRLD));
 BENCHMARK_CAPTURE(BM_Issue, vfmadd231ps_vcvtph2ps, KVS_ISSUE_LOOP(KVS_FMA, KVS_CVTPH));
 BENCHMARK_CAPTURE(BM_Issue, vfmadd231ps_vpmaddwd, KVS_ISSUE_LOOP(KVS_FMA, KVS_MADDWD));
+// What FP8 rows' conversions could be made of besides shifts (kFp8E4M3Pairs).
+BENCHMARK_CAPTURE(BM_Issue, vfmadd231ps_vpand, KVS_ISSUE_LOOP(KVS_FMA, KVS_AND));
+BENCHMARK_CAPTURE(BM_Issue, vfmadd231ps_vpsllw, KVS_ISSUE_LOOP(KVS_FMA, KVS_SLLW));
+BENCHMARK_CAPTURE(BM_Issue, vfmadd231ps_vpshufb, KVS_ISSUE_LOOP(KVS_FMA, KVS_SHUFB));
+BENCHMARK_CAPTURE(BM_Issue, vfmadd231ps_vpunpcklbw, KVS_ISSUE_LOOP(KVS_FMA, KVS_UNPCKBW));
 
 #undef KVS_ISSUE_LOOP
 #undef KVS_TURN
+#undef KVS_UNPCKBW
+#undef KVS_SLLW
+#undef KVS_AND
 #undef KVS_BCASTD
 #undef KVS_CVTPH
 #undef KVS_SHUFB
