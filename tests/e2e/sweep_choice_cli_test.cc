@@ -473,6 +473,21 @@ TEST_F(SweepChoiceCliTest, MixFitTakesTheFewestSmallerHeadsThatFit) {
   EXPECT_GT(first + (count - 1) * per_head, 8);
 }
 
+// A count --mix-best already asked for gets no second row, and the line says whose it is.
+TEST_F(SweepChoiceCliTest, MixFitOfACountMixBestAskedForAddsNoSecondRow) {
+  const CommandResult r = RunCli(Sweep() +
+                                 " --k-codec int2 --v-codec int2 --probe-heads int8 "
+                                 "--mix-best 3 --max-bits 4.05 --mix-fit --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto rows = nlohmann::json::parse(r.out)["rows"];
+  ASSERT_EQ(rows.size(), 1u + 20u + 1u);
+  EXPECT_EQ(MixHeads(rows[21]), BestProbedHeads(rows, 3));
+  EXPECT_NE(r.err.find("--mix-fit: the 3 best-probed of 20 heads in int8 / int8 fit bits/elem of "
+                       "context <= 4.05; their mix is --mix-best's row of that count"),
+            std::string::npos)
+      << r.err;
+}
+
 // A budget no mix can meet adds no row, says so, and the choice's error names the nearest.
 TEST_F(SweepChoiceCliTest, MixFitWithABudgetNothingMeetsAddsNoRow) {
   const CommandResult r = RunCli(Sweep() +

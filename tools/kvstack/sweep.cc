@@ -313,9 +313,10 @@ std::optional<int> FitMix(const ChoiceBounds& bounds, const std::vector<SweepRow
   return FittingMixCount(probe_dppl, budgets);
 }
 
-// The line that says what --mix-fit took.
+// The line that says what --mix-fit took; `also_mix_best`: --mix-best already asked for that
+// count, whose row it is.
 std::string MixFitNote(const ChoiceBounds& bounds, const HeadProbePlan& probe,
-                       std::optional<int> fitted) {
+                       std::optional<int> fitted, bool also_mix_best) {
   const std::string codecs = absl::StrCat(probe.codecs.first, " / ", probe.codecs.second);
   ChoiceBounds memory = bounds;
   memory.max_dppl_pct.reset();
@@ -327,10 +328,9 @@ std::string MixFitNote(const ChoiceBounds& bounds, const HeadProbePlan& probe,
     return absl::StrCat("--mix-fit: ", memory.Words(), " takes none of the heads in ", codecs,
                         " beyond the first row; no mix row added");
   }
-  return absl::StrFormat(
-      "--mix-fit: the %d best-probed of %d heads in %s fit %s; their mix is "
-      "the last row",
-      *fitted, probe.num_rows, codecs, memory.Words());
+  return absl::StrFormat("--mix-fit: the %d best-probed of %d heads in %s fit %s; their mix is %s",
+                         *fitted, probe.num_rows, codecs, memory.Words(),
+                         also_mix_best ? "--mix-best's row of that count" : "the last row");
 }
 
 absl::Status RunGridSweep(const SweepFlags& flags, const KvConfig& base, std::vector<KvConfig> grid,
@@ -382,10 +382,9 @@ absl::Status RunGridSweep(const SweepFlags& flags, const KvConfig& base, std::ve
       std::vector<int> counts = flags.mix_best;
       if (flags.mix_fit) {
         const std::optional<int> fitted = FitMix(flags.choice_bounds, rows, *probe, probe_dppl);
-        mix_note = MixFitNote(flags.choice_bounds, *probe, fitted);
-        if (fitted && *fitted > 0 && !absl::c_linear_search(counts, *fitted)) {
-          counts.push_back(*fitted);
-        }
+        const bool also_mix_best = fitted && absl::c_linear_search(counts, *fitted);
+        mix_note = MixFitNote(flags.choice_bounds, *probe, fitted, also_mix_best);
+        if (fitted && *fitted > 0 && !also_mix_best) counts.push_back(*fitted);
       }
       const size_t num_before = grid.size();
       const std::vector<KvConfig> mixes =
