@@ -321,6 +321,14 @@ TEST_F(SweepChoiceCliTest, MaxBitsAloneTakesTheMostAccurateRowWithinTheBudget) {
       rows, [](const nlohmann::json&) { return true; }, dppl);
   ASSERT_GE(expected, 0);
   ASSERT_NE(expected, most_accurate);  // the budget excludes the best row: a real choice
+  // The JSON carries the choice too, for tools that read it rather than the line.
+  const auto choice = nlohmann::json::parse(r.out)["choice"];
+  EXPECT_EQ(choice["row"], expected);
+  EXPECT_EQ(choice["prefer"], "accuracy");
+  EXPECT_EQ(choice["max_bits"], 8.0);
+  EXPECT_TRUE(choice["max_dppl_pct"].is_null());
+  EXPECT_TRUE(choice["max_bits_at_ctx"].is_null());
+  EXPECT_FALSE(choice.contains("error"));
   EXPECT_NE(r.err.find("Chosen within bits/elem of context <= 8 (smallest ΔPPL): " +
                        LabelOf(rows[expected]) + ","),
             std::string::npos)
@@ -398,11 +406,18 @@ TEST_F(SweepChoiceCliTest, AccuracyAndHeldMemoryBoundsHoldTogether) {
 // Bounds nothing meets together: one line that says, for each kind, how close the rows within
 // the other kind came, so the user knows which bound to move and by how much.
 TEST_F(SweepChoiceCliTest, BoundsNothingMeetsTogetherNameTheNearestMisses) {
+  const std::string json_path = dir_ + "/unmet.json";
   const CommandResult r = RunCli(Sweep() +
                                  " --k-codec int8,int2-g8 --v-codec int8,int2-g8 --pairs "
-                                 "--max-dppl 1 --max-bits 7");
+                                 "--max-dppl 1 --max-bits 7 --json " +
+                                 json_path);
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_EQ(Lines(r.err), 1) << r.err;
+  // The JSON, written before the error, says the same: no row, and why.
+  const auto choice = nlohmann::json::parse(Slurp(json_path))["choice"];
+  EXPECT_TRUE(choice["row"].is_null());
+  EXPECT_EQ(choice["prefer"], "memory");
+  EXPECT_EQ("kvstack: " + choice["error"].get<std::string>() + "\n", r.err);
   EXPECT_NE(r.err.find("kvstack: --max-dppl 1 --max-bits 7: no configuration is within ΔPPL <= "
                        "1 % and bits/elem of context <= 7 (the most accurate within the memory "
                        "bounds: int2-g8 / int2-g8 at +"),

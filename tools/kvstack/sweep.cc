@@ -169,9 +169,35 @@ nlohmann::json ProbeJson(const RetrievalProbeResult& probe) {
           {"tokens_scored", probe.tokens_scored}};
 }
 
+// What --max-dppl, --max-bits and --max-bits-at-ctx chose: made once the rows are measured and
+// before any output, so that the JSON carries it; a bound nothing meets is reported (and fails
+// the command) after every output.
+struct SweepChoice {
+  ChoiceObjective objective = ChoiceObjective::kMemory;
+  absl::StatusOr<size_t> row;
+};
+
+nlohmann::json ChoiceJson(const ChoiceBounds& bounds, const SweepChoice& choice) {
+  const auto bound = [](const std::optional<double>& b) {
+    return b ? nlohmann::json(*b) : nlohmann::json(nullptr);
+  };
+  nlohmann::json json{{"max_dppl_pct", bound(bounds.max_dppl_pct)},
+                      {"max_bits", bound(bounds.max_bits)},
+                      {"max_bits_at_ctx", bound(bounds.max_bits_at_ctx)},
+                      {"prefer", ChoiceObjectiveName(choice.objective)},
+                      {"row", nullptr}};
+  if (choice.row.ok()) {
+    json["row"] = *choice.row;
+  } else {
+    json["error"] = std::string(choice.row.status().message());
+  }
+  return json;
+}
+
 nlohmann::json Json(const SweepFlags& flags, const KvConfig& base, const ReferenceRun& reference,
                     const std::vector<SweepRow>& rows, const Frontiers& frontiers,
-                    const std::optional<RetrievalProbeResult>& full_probe) {
+                    const std::optional<RetrievalProbeResult>& full_probe,
+                    const std::optional<SweepChoice>& choice) {
   nlohmann::json json_rows = nlohmann::json::array();
   for (size_t i = 0; i < rows.size(); ++i) {
     const ConfigEvaluation& e = rows[i].eval;
@@ -216,6 +242,7 @@ nlohmann::json Json(const SweepFlags& flags, const KvConfig& base, const Referen
                         {"peak_cache_bytes", reference.perplexity.peak_cache_bytes}}},
                       {"rows", std::move(json_rows)}};
   if (full_probe) json["reference"]["retrieval_probe"] = ProbeJson(*full_probe);
+  if (choice) json["choice"] = ChoiceJson(flags.choice_bounds, *choice);
   return json;
 }
 
@@ -250,17 +277,25 @@ absl::StatusOr<ChoiceObjective> ObjectiveOf(const SweepFlags& flags) {
   return ParseChoiceObjective(flags.prefer);
 }
 
+// The choice among the measured rows (CheckChoiceFlags has checked --prefer).
+SweepChoice Choose(const SweepFlags& flags, const std::vector<SweepRow>& rows) {
+  SweepChoice choice;
+  choice.objective = *ObjectiveOf(flags);
+  std::vector<ConfigEvaluation> evals;
+  for (const SweepRow& row : rows) evals.push_back(row.eval);
+  choice.row = ChooseRow(evals, flags.choice_bounds, choice.objective);
+  return choice;
+}
+
 // --max-dppl, --max-bits, --max-bits-at-ctx: names the chosen row (on stderr when stdout
 // carries CSV or JSON) and, with --write-config, writes it. Runs after every other output, so
 // bounds nothing meets lose none of them.
 absl::Status ChooseAndWrite(const SweepFlags& flags, const std::vector<KvConfig>& grid,
-                            const std::vector<SweepRow>& rows, const ReferenceRun& reference,
-                            const EvaluateOptions& options) {
-  KVS_ASSIGN_OR_RETURN(const ChoiceObjective objective, ObjectiveOf(flags));
-  std::vector<ConfigEvaluation> evals;
-  for (const SweepRow& row : rows) evals.push_back(row.eval);
-  KVS_ASSIGN_OR_RETURN(const size_t chosen, ChooseRow(evals, flags.choice_bounds, objective));
-  const ConfigEvaluation& row = evals[chosen];
+                            const std::vector<SweepRow>& rows, const SweepChoice& choice,
+                            const ReferenceRun& reference, const EvaluateOptions& options) {
+  const ChoiceObjective objective = choice.objective;
+  KVS_ASSIGN_OR_RETURN(const size_t chosen, choice.row);
+  const ConfigEvaluation& row = rows[chosen].eval;
   std::string line = absl::StrFormat(
       "Chosen within %s (%s): %s, %.2f bits/elem (%.2f of context, %.2f in use at ctx %d), "
       "ΔPPL %+.3g %%, decode attention %.2f µs/token",
@@ -396,6 +431,8 @@ absl::Status RunGridSweep(const SweepFlags& flags, const KvConfig& base, std::ve
 
   if (!mix_note.empty()) std::fprintf(stderr, "%s\n", mix_note.c_str());
   const Frontiers frontiers(rows);
+  std::optional<SweepChoice> choice;
+  if (flags.choice_bounds.any()) choice = Choose(flags, rows);
   if (flags.csv_path != "-" && flags.json_path != "-") {
     std::printf(
         "Reference (k=v=f32, full cache): PPL = %.4f +/- %.4f, %lld tokens scored in %d windows "
@@ -409,15 +446,15 @@ absl::Status RunGridSweep(const SweepFlags& flags, const KvConfig& base, std::ve
         WriteOutput("--csv", flags.csv_path, Csv(rows, frontiers.of_context, full_probe)));
   }
   if (!flags.json_path.empty()) {
-    KVS_RETURN_IF_ERROR(
-        WriteOutput("--json", flags.json_path,
-                    Json(flags, base, reference, rows, frontiers, full_probe).dump(2) + "\n"));
+    KVS_RETURN_IF_ERROR(WriteOutput(
+        "--json", flags.json_path,
+        Json(flags, base, reference, rows, frontiers, full_probe, choice).dump(2) + "\n"));
   }
   if (!flags.plot_prefix.empty()) {
     KVS_RETURN_IF_ERROR(WritePlot(flags.plot_prefix, rows, frontiers, flags.ctx, flags.plot_held));
   }
-  if (!flags.choice_bounds.any()) return absl::OkStatus();
-  return ChooseAndWrite(flags, grid, rows, reference, options);
+  if (!choice) return absl::OkStatus();
+  return ChooseAndWrite(flags, grid, rows, *choice, reference, options);
 }
 
 // A bound of the choice: a finite number, >= 0 for a percent, > 0 for bits.
