@@ -541,40 +541,53 @@ TEST(AttentionTest, Fp8ReadersDecodeEveryCodeOnEverySimdTarget) {
   }
 }
 
-TEST(AttentionTest, Fp8E4M3KeysScoreEveryCodeExactlyOnEveryPath) {
-  // Kv head h has two tokens: the first's key holds code h at element 0 and 448 (E4M3's largest,
-  // which pins the row's scale at 1) at element 1, the second's key is zeros; values are ones and
-  // zeros. A query of 2^-6 at element 0 gives the first token the score value(h) / 64, exact in
-  // every reader (a power of two times a 4-bit value), so the output is its logistic function:
-  // a code read as any other value shows there. The NaN codes (0x7F, 0xFF) score NaN, which makes
-  // their heads NaN, as in the reference. Rows of whole vectors, of a vector and a rest, and
-  // shorter than a vector (the NaN check takes 32 codes at a time on AVX2).
-  for (int head_dim : {32, 40, 8}) {
-    Case c{.num_tokens = 2,
-           .num_kv_heads = 256,
-           .head_dim = head_dim,
-           .k_codec = "fp8_e4m3",
-           .v_codec = "f32"};
-    const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim;
-    std::vector<float> k(2 * row, 0.0f), v(2 * row, 0.0f);
-    for (int h = 0; h < c.num_kv_heads; ++h) {
-      k[h * c.head_dim] = Fp8E4M3ToF32(static_cast<uint8_t>(h));
-      k[h * c.head_dim + 1] = 448.0f;
-      std::fill_n(v.begin() + h * c.head_dim, c.head_dim, 1.0f);
-    }
-    const TestCache cache = BuildCache(k, v, c, kPaged16);
-    for (int group : {1, 4}) {
-      c.group = group;
-      std::vector<float> q(row * group, 0.0f);
-      for (size_t head = 0; head < static_cast<size_t>(c.num_kv_heads) * group; ++head) {
-        q[head * c.head_dim] = 0x1p-6f;
+TEST(AttentionTest, Fp8KeysScoreEveryCodeExactlyOnEveryPath) {
+  // Kv head h has two tokens: the first's key holds code h at element 0 and the format's largest
+  // finite value (which pins the row's scale at 1) at element 1, the second's key is zeros;
+  // values are ones and zeros. A query of 2^-6 at element 0 gives the first token the score
+  // value(h) / 64, exact in every reader (a power of two times a 3- or 4-bit value), so the
+  // output is its logistic function: a code read as any other value shows there. NaN codes
+  // score NaN, which makes their heads NaN, as in the reference (E5M2's infinities are stored
+  // as its largest finite value: the codec saturates them). Rows of whole vectors, of a vector
+  // and a rest, and shorter than a vector (the special-code check takes 32 codes at a time on
+  // AVX2).
+  struct Format {
+    const char* codec;
+    float (*decode)(uint8_t);
+    float max_finite;
+    int nan_heads;  // codes whose head comes out NaN
+  };
+  for (const Format& f : {Format{"fp8_e4m3", &Fp8E4M3ToF32, 448.0f, 2},
+                          Format{"fp8_e5m2", &Fp8E5M2ToF32, 57344.0f, 6}}) {
+    for (int head_dim : {32, 40, 8}) {
+      Case c{.num_tokens = 2,
+             .num_kv_heads = 256,
+             .head_dim = head_dim,
+             .k_codec = f.codec,
+             .v_codec = "f32"};
+      const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim;
+      std::vector<float> k(2 * row, 0.0f), v(2 * row, 0.0f);
+      for (int h = 0; h < c.num_kv_heads; ++h) {
+        k[h * c.head_dim] = f.decode(static_cast<uint8_t>(h));
+        k[h * c.head_dim + 1] = f.max_finite;
+        std::fill_n(v.begin() + h * c.head_dim, c.head_dim, 1.0f);
       }
-      const AttentionParams params{c.num_kv_heads * group, 1.0f};
-      ForEachFp8Path([&](const char* path) {
-        const std::string what = "head_dim " + std::to_string(head_dim) + ", group " +
-                                 std::to_string(group) + ", " + path;
-        EXPECT_EQ(ExpectReferenceOnEveryTarget(cache, q, params, what), 2 * group * c.head_dim);
-      });
+      const TestCache cache = BuildCache(k, v, c, kPaged16);
+      for (int group : {1, 4}) {
+        c.group = group;
+        std::vector<float> q(row * group, 0.0f);
+        for (size_t head = 0; head < static_cast<size_t>(c.num_kv_heads) * group; ++head) {
+          q[head * c.head_dim] = 0x1p-6f;
+        }
+        const AttentionParams params{c.num_kv_heads * group, 1.0f};
+        ForEachFp8Path([&](const char* path) {
+          const std::string what = std::string(f.codec) + ", head_dim " + std::to_string(head_dim) +
+                                   ", group " + std::to_string(group) + ", " + path;
+          EXPECT_EQ(ExpectReferenceOnEveryTarget(cache, q, params, what),
+                    f.nan_heads * group * c.head_dim)
+              << what;
+        });
+      }
     }
   }
 }
