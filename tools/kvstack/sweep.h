@@ -69,11 +69,6 @@ std::vector<KvConfig> HeadProbeRows(const KvConfig& first,
                                     const std::pair<std::string, std::string>& codecs,
                                     int num_layers, int num_kv_heads);
 
-// --mix-best rows: for each count N in `counts`, `first` with the N (layer, kv head) pairs
-// whose probe rows lost least stored as `codecs`. `probe_dppl` is the probe rows' ΔPPL %,
-// layer-major as HeadProbeRows makes them (ties keep that order). Each N is at most
-// probe_dppl.size(). Ranking once and taking the best N assumes the heads' losses add up; the
-// mixes' own rows measure whether they do.
 // The probe rows' indices, least ΔPPL first (ties keep layer-major order): the order in which
 // --mix-best and --mix-fit give heads the probes' codecs.
 std::vector<int> RankProbes(std::span<const double> probe_dppl);
@@ -95,6 +90,11 @@ struct MixBudget {
 std::optional<int> FittingMixCount(std::span<const double> probe_dppl,
                                    std::span<const MixBudget> budgets);
 
+// --mix-best rows: for each count N in `counts`, `first` with the N (layer, kv head) pairs
+// whose probe rows lost least stored as `codecs`. `probe_dppl` is the probe rows' ΔPPL %,
+// layer-major as HeadProbeRows makes them (ties keep that order). Each N is at most
+// probe_dppl.size(). Ranking once and taking the best N assumes the heads' losses add up; the
+// mixes' own rows measure whether they do.
 std::vector<KvConfig> HeadMixRows(const KvConfig& first,
                                   const std::pair<std::string, std::string>& codecs,
                                   std::span<const double> probe_dppl, int num_kv_heads,

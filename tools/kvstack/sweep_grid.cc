@@ -160,19 +160,23 @@ std::optional<int> FittingMixCount(std::span<const double> probe_dppl,
   // memory and (the probes' premise) lose less, so the most that fit is the most accurate.
   const MixBudget& lead = budgets.front();
   const bool probes_larger = lead.probe_bits[ranked[0]] >= lead.first_bits;
+  // Each budget's estimate for the mix of `count` heads, grown one head at a time.
+  std::vector<double> estimates;
+  for (const MixBudget& budget : budgets) estimates.push_back(budget.first_bits);
   std::optional<int> fitting;
-  for (int count = 0; count <= num_probes; ++count) {
+  for (int count = 0;; ++count) {
     bool fits = true;
-    for (const MixBudget& budget : budgets) {
-      double estimate = budget.first_bits;
-      for (int rank = 0; rank < count; ++rank) {
-        estimate += budget.probe_bits[ranked[rank]] - budget.first_bits;
-      }
-      fits = fits && WithinBitBound(estimate, budget.max_bits);
+    for (size_t b = 0; b < budgets.size(); ++b) {
+      fits = fits && WithinBitBound(estimates[b], budgets[b].max_bits);
     }
-    if (!fits) continue;
-    fitting = count;
-    if (!probes_larger) break;  // the fewest heads in the smaller codecs
+    if (fits) {
+      fitting = count;
+      if (!probes_larger) break;  // the fewest heads in the smaller codecs
+    }
+    if (count == num_probes) break;
+    for (size_t b = 0; b < budgets.size(); ++b) {
+      estimates[b] += budgets[b].probe_bits[ranked[count]] - budgets[b].first_bits;
+    }
   }
   return fitting;
 }
