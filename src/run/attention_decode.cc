@@ -269,7 +269,7 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
     // split order: back to element order
     float* row = Scratch(kSlotSplitState, head_dim);
     const size_t parts = SplitParts(v_reader);
-    const float factor = SplitStateFactor(v_reader);
+    const float factor = SplitOrderFactor(v_reader);
     for (int j = 0; j < group; ++j) {
       float* st = state + j * state_stride;
       std::copy(st, st + head_dim, row);

@@ -429,7 +429,7 @@ void SplitQueries(D d, Reader r, const float* HWY_RESTRICT q, size_t num, float*
 #if HWY_TARGET != HWY_SCALAR               // (no ConcatEven there; it never takes kBF16Pairs)
   if constexpr (hn::MaxLanes(D()) >= 4) {  // (nor do narrower vectors: SplitOrderReader)
     if (IsPairsReader(r)) {                // even elements, then odd ones, per 2n
-      const auto factor = hn::Set(d, SplitQueryFactor(r));
+      const auto factor = hn::Set(d, SplitOrderFactor(r));
       for (size_t i = 0; i < num; i += 2 * n) {
         const auto lo = hn::LoadU(d, q + i), hi = hn::LoadU(d, q + i + n);
         hn::StoreU(hn::Mul(hn::ConcatEven(d, hi, lo), factor), d, qs + i);

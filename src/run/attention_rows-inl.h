@@ -98,7 +98,7 @@ constexpr bool IsE4M3PairsReader(Reader r) {
 // bits of an F32 exponent of bias 127 where E4M3's is 7, so E4M3's subnormals are F32
 // subnormals and exact. Left there, products with a query element or a weight would underflow,
 // so the query (SplitQueries) and the weights (RowScaleFactor) take 2^60 each, and the scores'
-// row scales (RowScaleFactor) and the value states (SplitStateFactor) the other 2^60; 2^60
+// row scales (RowScaleFactor) and the value states (SplitOrderFactor) the other 2^60; 2^60
 // keeps a largest F16 row scale (65504) times a weight of 1 far below F32's largest.
 constexpr float kE4M3PairsScale = 0x1p60f;
 
@@ -117,9 +117,9 @@ constexpr float RowScaleFactor(Reader r) {
   return IsE4M3Reader(r) ? 256.0f : IsE4M3PairsReader(r) ? kE4M3PairsScale : 1.0f;
 }
 // What a split reader's query is multiplied by (SplitQueries), and its value states when they go
-// back to element order.
-constexpr float SplitQueryFactor(Reader r) { return IsE4M3PairsReader(r) ? kE4M3PairsScale : 1; }
-constexpr float SplitStateFactor(Reader r) { return IsE4M3PairsReader(r) ? kE4M3PairsScale : 1; }
+// back to element order: the same factor, the half of kFp8E4M3Pairs' 2^-120 that the row scales
+// do not take.
+constexpr float SplitOrderFactor(Reader r) { return IsE4M3PairsReader(r) ? kE4M3PairsScale : 1; }
 
 constexpr bool IsFloatReader(Reader r) {
   return r == Reader::kF32 || r == Reader::kF16 || r == Reader::kBF16;

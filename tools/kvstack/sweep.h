@@ -53,9 +53,8 @@ struct SweepFlags {
 // The configurations of the sweep: the base with each codec pair, recent window, policy and
 // budget substituted ("full" takes no budget, so it appears once per codec pair and window;
 // an evicting policy needs at least one budget). The codec pairs are --k-codec x --v-codec (or
-// zipped with
-// --pairs), then one K = V pair per --lowrank entry: a profiled codec's name, or a low-rank
-// one's without its "lowrank-" (r4, r4-int4, e90).
+// zipped with --pairs), then one K = V pair per --lowrank entry: a profiled codec's name, or a
+// low-rank one's without its "lowrank-" (r4, r4-int4, e90).
 absl::StatusOr<std::vector<KvConfig>> BuildGrid(const SweepFlags& flags, const KvConfig& base);
 
 // The codecs of --probe-heads: "K:V", or "C" for both. Errors: one line naming the forms.
