@@ -7,9 +7,9 @@
 // Shapes: A = the model benchmark (8 kv heads, 8 query heads, head_dim 64); B = a GQA model
 // (8 kv heads, 32 query heads, head_dim 128) in every codec with a fast path. Arguments:
 // tokens, threads. Contexts of 32k and 64k tokens run with --long_contexts (the default run
-// stays near a minute). At the end a table gives, per context and codec, the time per decode
-// step, the cache read rate, its fraction of the bandwidth and the speed-up over bf16 (best of
-// --benchmark_repetitions, default 1).
+// stays near a minute); --no_tile_multiplies leaves AMX out. At the end a table gives, per
+// context and codec, the time per decode step, the cache read rate, its fraction of the
+// bandwidth and the speed-up over bf16 (best of --benchmark_repetitions, default 1).
 //
 // Scores/<shape>/<codec>: the cost of the attention scores selection policies read
 // (AttentionScores) per decode step, as a fraction of the attention time: each iteration runs
@@ -35,6 +35,7 @@
 #include "kvstack/codec.h"
 #include "kvstack/kv_cache.h"
 #include "run/attention.h"
+#include "run/attention_kernels.h"
 #include "run/memory_bandwidth.h"
 
 namespace kvstack {
@@ -349,6 +350,10 @@ int main(int argc, char** argv) {
   bool long_contexts = false;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--long_contexts") long_contexts = true;
+    // The readers without AMX tile multiplies, to compare the two in one binary.
+    if (std::string(argv[i]) == "--no_tile_multiplies") {
+      kvstack::DisableTileMultipliesForTest(true);
+    }
   }
   kvstack::RegisterAll(long_contexts);
   benchmark::RunSpecifiedBenchmarks();
