@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 #include <string>
@@ -286,6 +287,49 @@ TEST_F(SweepChoiceCliTest, MixBestStoresTheHeadsWhoseProbesLostLeast) {
   EXPECT_LT(all20["delta_ppl_pct"].get<double>(), best1["delta_ppl_pct"].get<double>());
 }
 
+// --mix-greedy chooses one head per round: the best probe's first, then each round the head
+// whose mix with the heads chosen before it lost least, among every head not yet chosen; each
+// round's mix is a row, and the JSON lists every round's candidates.
+TEST_F(SweepChoiceCliTest, MixGreedyAddsTheHeadWhoseMixLosesLeastEachRound) {
+  const CommandResult r = RunCli(Sweep() +
+                                 " --k-codec int2 --v-codec int2 --probe-heads int8 "
+                                 "--mix-greedy 3 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto json = nlohmann::json::parse(r.out);
+  const auto& rows = json["rows"];
+  // The grid's row, stories260K's 5 x 4 probes, then rounds 2 and 3.
+  ASSERT_EQ(rows.size(), 1u + 20u + 2u);
+  const auto& order = json["mix_greedy"];
+  ASSERT_EQ(order.size(), 3u);
+  EXPECT_EQ(MixHeads(rows[order[0]["row"].get<int>()]), BestProbedHeads(rows, 1));
+  EXPECT_EQ(order[1]["row"].get<int>(), 21);
+  EXPECT_EQ(order[2]["row"].get<int>(), 22);
+  std::set<std::pair<int, int>> chosen;
+  for (size_t round = 0; round < order.size(); ++round) {
+    const auto& step = order[round];
+    ASSERT_EQ(step["candidates"].size(), 20 - round);
+    double least = std::numeric_limits<double>::infinity();
+    for (const auto& candidate : step["candidates"]) {
+      EXPECT_FALSE(chosen.count({candidate["layer"].get<int>(), candidate["kv_head"].get<int>()}));
+      least = std::min(least, candidate["delta_ppl_pct"].get<double>());
+    }
+    EXPECT_EQ(step["delta_ppl_pct"].get<double>(), least) << "round " << round + 1;
+    chosen.emplace(step["layer"].get<int>(), step["kv_head"].get<int>());
+    // The round's row holds exactly the heads chosen so far, in the probe's codecs.
+    const auto& row = rows[step["row"].get<int>()];
+    EXPECT_EQ(MixHeads(row), chosen);
+    EXPECT_EQ(row["delta_ppl_pct"].get<double>(), least);
+    for (const auto& head : row["config"]["head_codecs"]) EXPECT_EQ(head["k_codec"], "int8");
+  }
+  EXPECT_EQ(chosen.size(), 3u);
+  EXPECT_NE(r.err.find("--mix-greedy: heads in int8 / int8 in the order chosen, each with its "
+                       "mix's ΔPPL: "),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("rounds 2..3 are the last 2 rows (37 evaluations)"), std::string::npos)
+      << r.err;
+}
+
 // The row the test expects among those `within` admits: the least in `key`, the first of equals.
 template <typename Within, typename Key>
 int BestRow(const nlohmann::json& rows, Within within, Key key) {
@@ -548,6 +592,9 @@ TEST_F(SweepChoiceCliTest, BadChoiceInputGetsOneLineBeforeAnyWork) {
            Sweep() + " --probe-heads int8 --mix-best 0",                  // no heads
            Sweep() + " --probe-heads int8 --mix-best 21",                 // 20 kv heads
            Sweep() + " --probe-heads int8 --mix-best 2 --stream 256",     // no ΔPPL rows
+           Sweep() + " --probe-heads int8 --mix-greedy 1",                // the best probe row
+           Sweep() + " --probe-heads int8 --mix-greedy 21",               // 20 kv heads
+           Sweep() + " --probe-heads int8 --mix-greedy 3 --stream 256",   // no ΔPPL rows
            Sweep() + " --max-bits 0",                                     // no memory at all
            Sweep() + " --max-bits -4",                                    // negative
            Sweep() + " --max-bits-at-ctx nan",                            // not a number
@@ -587,6 +634,12 @@ TEST_F(SweepChoiceCliTest, BadChoiceInputGetsOneLineBeforeAnyWork) {
   EXPECT_NE(mix.err.find("--mix-best requires --probe-heads"), std::string::npos) << mix.err;
   EXPECT_NE(RunCli(Sweep() + " --probe-heads int8 --mix-best 21").err.find("allowed 1..20"),
             std::string::npos);
+  EXPECT_NE(RunCli(Sweep() + " --probe-heads int8 --mix-greedy 1").err.find("allowed 2..20"),
+            std::string::npos);
+  const CommandResult greedy = RunCli(Sweep() + " --mix-greedy 2");
+  EXPECT_EQ(greedy.exit_code, 2) << greedy.err;
+  EXPECT_NE(greedy.err.find("--mix-greedy requires --probe-heads"), std::string::npos)
+      << greedy.err;
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 
 #include "absl/algorithm/container.h"
@@ -368,6 +369,116 @@ std::string MixFitNote(const ChoiceBounds& bounds, const HeadProbePlan& probe,
                          also_mix_best ? "--mix-best's row of that count" : "the last row");
 }
 
+// --mix-greedy N's evaluations after `num_probes` probe rows (0 for N = 0).
+int GreedyEvaluations(size_t num_probes, int num_heads) {
+  int evaluations = 0;
+  for (int round = 2; round <= num_heads; ++round) {
+    evaluations += static_cast<int>(num_probes) - round + 1;
+  }
+  return evaluations;
+}
+
+// What --mix-greedy chose: the heads in their order (probe indices), the row of each round's
+// mix (round 1's is the best probe row; rounds 2..N follow from rows_begin), and rounds 2..N.
+struct GreedyOrder {
+  size_t probe_begin = 0;  // the first probe row
+  size_t rows_begin = 0;   // round 2's row
+  std::vector<int> heads;
+  std::vector<GreedyRound> rounds;
+
+  // The row of round r's mix (r from 0): the best probe's row, then the greedy rows.
+  size_t RowOf(size_t r) const {
+    return r == 0 ? probe_begin + static_cast<size_t>(heads[0]) : rows_begin + r - 1;
+  }
+};
+
+std::string HeadName(int head, int num_kv_heads) {
+  return absl::StrCat(head / num_kv_heads, ".", head % num_kv_heads);
+}
+
+// The line that says what --mix-greedy chose: each head with its mix's ΔPPL.
+std::string GreedyNote(const GreedyOrder& greedy, const std::vector<SweepRow>& rows,
+                       const HeadProbePlan& probe) {
+  std::vector<std::string> steps;
+  for (size_t r = 0; r < greedy.heads.size(); ++r) {
+    const size_t row = greedy.RowOf(r);
+    steps.push_back(absl::StrFormat("%s %+.3g %%", HeadName(greedy.heads[r], probe.num_kv_heads),
+                                    rows[row].eval.delta_ppl_pct));
+  }
+  return absl::StrFormat(
+      "--mix-greedy: heads in %s / %s in the order chosen, each with its mix's ΔPPL: %s; rounds "
+      "2..%d are the last %d rows (%d evaluations)",
+      probe.codecs.first, probe.codecs.second, absl::StrJoin(steps, ", "), greedy.heads.size(),
+      greedy.rounds.size(), GreedyEvaluations(probe.num_rows, greedy.heads.size()));
+}
+
+// --json's "mix_greedy": per round, the head added, the row of its mix and every candidate's
+// ΔPPL (round 1's candidates are the probe rows).
+nlohmann::json GreedyJson(const GreedyOrder& greedy, const std::vector<SweepRow>& rows,
+                          const HeadProbePlan& probe) {
+  nlohmann::json json = nlohmann::json::array();
+  for (size_t r = 0; r < greedy.heads.size(); ++r) {
+    const size_t row = greedy.RowOf(r);
+    nlohmann::json candidates = nlohmann::json::array();
+    for (size_t head = 0; head < probe.num_rows; ++head) {
+      const double dppl = r == 0 ? rows[greedy.probe_begin + head].eval.delta_ppl_pct
+                                 : greedy.rounds[r - 1].candidate_dppl[head];
+      if (std::isnan(dppl)) continue;
+      candidates.push_back({{"layer", head / probe.num_kv_heads},
+                            {"kv_head", head % probe.num_kv_heads},
+                            {"delta_ppl_pct", dppl}});
+    }
+    json.push_back({{"layer", greedy.heads[r] / probe.num_kv_heads},
+                    {"kv_head", greedy.heads[r] % probe.num_kv_heads},
+                    {"row", row},
+                    {"delta_ppl_pct", rows[row].eval.delta_ppl_pct},
+                    {"candidates", std::move(candidates)}});
+  }
+  return json;
+}
+
+// --mix-greedy N after the probe rows (rows [probe_begin, +probe.num_rows), their ΔPPL
+// probe_dppl): GreedyMixRounds, each round's mix appended to `grid` and `rows` (with its
+// retrieval probe where `probe_options` is given). `progress` hears the windows evaluated.
+absl::StatusOr<GreedyOrder> RunGreedyMix(int num_heads, const HeadProbePlan& probe,
+                                         size_t probe_begin, std::span<const double> probe_dppl,
+                                         const LlamaModel& model, std::span<const TokenId> tokens,
+                                         const EvaluateOptions& options,
+                                         const ReferenceRun& reference,
+                                         const RetrievalProbeOptions* probe_options,
+                                         const std::function<void(int)>& progress,
+                                         std::vector<KvConfig>* grid, std::vector<SweepRow>* rows) {
+  int windows_before = 0;
+  const EvaluateMixFn evaluate = [&](const KvConfig& config) -> absl::StatusOr<ConfigEvaluation> {
+    int windows = 0;
+    absl::StatusOr<ConfigEvaluation> mix =
+        EvaluateConfig(model, tokens, config, options, reference, [&](int done, int) {
+          windows = done;
+          progress(windows_before + done);
+        });
+    windows_before += windows;
+    return mix;
+  };
+  const KvConfig first = grid->front();  // (a copy: the grid grows below)
+  GreedyOrder greedy;
+  KVS_ASSIGN_OR_RETURN(greedy.rounds, GreedyMixRounds(first, probe.codecs, probe_dppl,
+                                                      probe.num_kv_heads, num_heads, evaluate));
+  greedy.probe_begin = probe_begin;
+  greedy.rows_begin = rows->size();
+  greedy.heads = {RankProbes(probe_dppl).front()};
+  for (const GreedyRound& round : greedy.rounds) {
+    greedy.heads.push_back(round.head);
+    grid->push_back(HeadMix(first, probe.codecs, greedy.heads, probe.num_kv_heads));
+    SweepRow row;
+    row.eval = round.mix;
+    if (probe_options != nullptr) {
+      KVS_ASSIGN_OR_RETURN(row.probe, RetrievalProbe(model, tokens, grid->back(), *probe_options));
+    }
+    rows->push_back(std::move(row));
+  }
+  return greedy;
+}
+
 absl::Status RunGridSweep(const SweepFlags& flags, const KvConfig& base, std::vector<KvConfig> grid,
                           const std::optional<HeadProbePlan>& probe, const LlamaModel& model,
                           std::span<const TokenId> tokens, const EvaluateOptions& options) {
@@ -381,11 +492,15 @@ absl::Status RunGridSweep(const SweepFlags& flags, const KvConfig& base, std::ve
   std::vector<SweepRow> rows;
   std::optional<RetrievalProbeResult> full_probe;
   std::string mix_note;  // what --mix-fit took, said once the progress bar is gone
+  std::optional<GreedyOrder> greedy;
   {
     ProgressBar bar("sweep");
     const int total =
-        num_windows *
-        static_cast<int>(grid.size() + 1 + (probe ? flags.mix_best.size() + flags.mix_fit : 0));
+        num_windows * static_cast<int>(grid.size() + 1 +
+                                       (probe ? flags.mix_best.size() + flags.mix_fit +
+                                                    GreedyEvaluations(probe->num_rows,
+                                                                      flags.mix_greedy.value_or(0))
+                                              : 0));
     KVS_ASSIGN_OR_RETURN(reference, RunReference(model, tokens, base, options,
                                                  [&](int done, int) { bar.Update(done, total); }));
     if (flags.retrieval_probe) {
@@ -408,12 +523,13 @@ absl::Status RunGridSweep(const SweepFlags& flags, const KvConfig& base, std::ve
       return absl::OkStatus();
     };
     KVS_RETURN_IF_ERROR(evaluate_rows(0));
+    // The mixes need the probes' results, so they are built and run after them.
+    const size_t probe_begin = probe ? rows.size() - probe->num_rows : rows.size();
+    std::vector<double> probe_dppl;
+    for (size_t i = probe_begin; i < rows.size(); ++i) {
+      probe_dppl.push_back(rows[i].eval.delta_ppl_pct);
+    }
     if (probe && (!flags.mix_best.empty() || flags.mix_fit)) {
-      // The mixes need the probes' results, so they are built and run after them.
-      std::vector<double> probe_dppl;
-      for (size_t i = rows.size() - probe->num_rows; i < rows.size(); ++i) {
-        probe_dppl.push_back(rows[i].eval.delta_ppl_pct);
-      }
       std::vector<int> counts = flags.mix_best;
       if (flags.mix_fit) {
         const std::optional<int> fitted = FitMix(flags.choice_bounds, rows, *probe, probe_dppl);
@@ -427,9 +543,18 @@ absl::Status RunGridSweep(const SweepFlags& flags, const KvConfig& base, std::ve
       grid.insert(grid.end(), mixes.begin(), mixes.end());
       KVS_RETURN_IF_ERROR(evaluate_rows(num_before));
     }
+    if (probe && flags.mix_greedy) {
+      const int done_before = num_windows * static_cast<int>(rows.size() + 1);
+      KVS_ASSIGN_OR_RETURN(
+          greedy, RunGreedyMix(
+                      *flags.mix_greedy, *probe, probe_begin, probe_dppl, model, tokens, options,
+                      reference, flags.retrieval_probe ? &probe_options : nullptr,
+                      [&](int done) { bar.Update(done_before + done, total); }, &grid, &rows));
+    }
   }
 
   if (!mix_note.empty()) std::fprintf(stderr, "%s\n", mix_note.c_str());
+  if (greedy) std::fprintf(stderr, "%s\n", GreedyNote(*greedy, rows, *probe).c_str());
   const Frontiers frontiers(rows);
   std::optional<SweepChoice> choice;
   if (flags.choice_bounds.any()) choice = Choose(flags, rows);
@@ -446,9 +571,9 @@ absl::Status RunGridSweep(const SweepFlags& flags, const KvConfig& base, std::ve
         WriteOutput("--csv", flags.csv_path, Csv(rows, frontiers.of_context, full_probe)));
   }
   if (!flags.json_path.empty()) {
-    KVS_RETURN_IF_ERROR(WriteOutput(
-        "--json", flags.json_path,
-        Json(flags, base, reference, rows, frontiers, full_probe, choice).dump(2) + "\n"));
+    nlohmann::json json = Json(flags, base, reference, rows, frontiers, full_probe, choice);
+    if (greedy) json["mix_greedy"] = GreedyJson(*greedy, rows, *probe);
+    KVS_RETURN_IF_ERROR(WriteOutput("--json", flags.json_path, json.dump(2) + "\n"));
   }
   if (!flags.plot_prefix.empty()) {
     KVS_RETURN_IF_ERROR(WritePlot(flags.plot_prefix, rows, frontiers, flags.ctx, flags.plot_held));
@@ -493,9 +618,10 @@ absl::Status CheckChoiceFlags(const SweepFlags& flags) {
     return absl::InvalidArgumentError(
         "--mix-fit fills a memory budget: give --max-bits or --max-bits-at-ctx");
   }
-  if (!flags.mix_best.empty() && flags.stream_tokens > 0) {
+  if ((!flags.mix_best.empty() || flags.mix_greedy) && flags.stream_tokens > 0) {
     return absl::InvalidArgumentError(
-        "--mix-best ranks heads by ΔPPL over perplexity windows; --stream reports segments");
+        absl::StrCat(flags.mix_best.empty() ? "--mix-greedy" : "--mix-best",
+                     " ranks heads by ΔPPL over perplexity windows; --stream reports segments"));
   }
   if (flags.write_config_path == "-") {
     return absl::InvalidArgumentError("--write-config needs a file path ('-' is not one)");
@@ -546,6 +672,13 @@ absl::Status RunSweep(const SweepFlags& flags) {
             absl::StrFormat("--mix-best %d: allowed 1..%d, the model's kv heads (%d layers x %d)",
                             count, probes.size(), model->hparams().num_layers, num_kv_heads));
       }
+    }
+    if (flags.mix_greedy &&
+        (*flags.mix_greedy < 2 || static_cast<size_t>(*flags.mix_greedy) > probes.size())) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--mix-greedy %d: allowed 2..%d, the model's kv heads (%d layers x %d; one head is "
+          "the best probe row itself)",
+          *flags.mix_greedy, probes.size(), model->hparams().num_layers, num_kv_heads));
     }
   }
   EvaluateOptions options;
@@ -615,6 +748,12 @@ RunFn RegisterSweep(CLI::App& app) {
                 "after the --probe-heads rows, one more mix: as many of the best-probed heads in "
                 "the probe's codecs as --max-bits / --max-bits-at-ctx take (the fewest that "
                 "fit where the probe's codecs are the smaller)")
+      ->needs(probe_heads);
+  sub->add_option("--mix-greedy", flags->mix_greedy,
+                  "N: after the --probe-heads rows, mixes of 2..N heads chosen one at a time: "
+                  "each round re-probes every head not yet chosen with the chosen ones in the "
+                  "probe's codecs and keeps the best (one row per round; costs about N x the "
+                  "probes' evaluations)")
       ->needs(probe_heads);
   sub->add_option("--policy", flags->policies,
                   "selection policies, comma-separated: full, window, streaming, h2o, tova, "

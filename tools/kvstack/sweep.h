@@ -2,6 +2,7 @@
 // modes that run it — perplexity windows (sweep.cc) and one long stream (sweep_stream.cc).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -29,6 +30,7 @@ struct SweepFlags {
   std::string probe_heads;           // --probe-heads: "K:V" or "C" for each (layer, kv head)
   std::vector<int> mix_best;         // --mix-best: counts of best-probed heads, one row each
   bool mix_fit = false;              // --mix-fit: one more row, as many as the memory bounds take
+  std::optional<int> mix_greedy;     // --mix-greedy: heads chosen one at a time
   std::vector<std::string> policies;
   std::vector<std::string> budgets;
   std::vector<int> recents;  // --recent: F32 recent windows, one row each
@@ -98,6 +100,32 @@ std::vector<KvConfig> HeadMixRows(const KvConfig& first,
                                   const std::pair<std::string, std::string>& codecs,
                                   std::span<const double> probe_dppl, int num_kv_heads,
                                   std::span<const int> counts);
+
+// `first` with the (layer, kv head) pairs `heads` stored as `codecs`; a head is a probe row's
+// index, layer-major (layer * num_kv_heads + kv head).
+KvConfig HeadMix(const KvConfig& first, const std::pair<std::string, std::string>& codecs,
+                 std::span<const int> heads, int num_kv_heads);
+
+// One round of --mix-greedy: the head it added, the evaluation of the mix with it (a row of the
+// sweep), and what each candidate's mix lost, ΔPPL % by probe index (NaN for the heads chosen
+// in earlier rounds).
+struct GreedyRound {
+  int head = -1;
+  ConfigEvaluation mix;
+  std::vector<double> candidate_dppl;
+};
+using EvaluateMixFn = std::function<absl::StatusOr<ConfigEvaluation>(const KvConfig&)>;
+
+// --mix-greedy N: the heads of a mix chosen one at a time. Round 1's head is the best probe's
+// (its mix is that probe row); each of rounds 2..N evaluates every head not yet chosen added to
+// the chosen ones and keeps the one whose mix loses least (ties: the first, layer-major).
+// Unlike --mix-best, which ranks the heads once and assumes their gains add up, each head is
+// weighed with the earlier ones in place. Returns rounds 2..N; costs sum over r = 2..N of
+// (probes - r + 1) evaluations. N: 2 .. probe_dppl.size().
+absl::StatusOr<std::vector<GreedyRound>> GreedyMixRounds(
+    const KvConfig& first, const std::pair<std::string, std::string>& codecs,
+    std::span<const double> probe_dppl, int num_kv_heads, int num_heads,
+    const EvaluateMixFn& evaluate);
 
 // "k / v", then the head overrides ("head.L.H=K/V" for up to two, else "+N head overrides"),
 // "+layer overrides" when layers override the codecs, "recent=R" when R tokens wait in F32,

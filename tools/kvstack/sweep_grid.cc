@@ -3,9 +3,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <numeric>
 #include <optional>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kvstack/codec.h"
@@ -181,6 +183,15 @@ std::optional<int> FittingMixCount(std::span<const double> probe_dppl,
   return fitting;
 }
 
+KvConfig HeadMix(const KvConfig& first, const std::pair<std::string, std::string>& codecs,
+                 std::span<const int> heads, int num_kv_heads) {
+  KvConfig config = first;
+  for (const int head : heads) {
+    OverrideHead(head / num_kv_heads, head % num_kv_heads, codecs, &config);
+  }
+  return config;
+}
+
 std::vector<KvConfig> HeadMixRows(const KvConfig& first,
                                   const std::pair<std::string, std::string>& codecs,
                                   std::span<const double> probe_dppl, int num_kv_heads,
@@ -188,13 +199,38 @@ std::vector<KvConfig> HeadMixRows(const KvConfig& first,
   const std::vector<int> ranked = RankProbes(probe_dppl);
   std::vector<KvConfig> rows;
   for (const int count : counts) {
-    KvConfig config = first;
-    for (int rank = 0; rank < count; ++rank) {
-      OverrideHead(ranked[rank] / num_kv_heads, ranked[rank] % num_kv_heads, codecs, &config);
-    }
-    rows.push_back(std::move(config));
+    rows.push_back(HeadMix(first, codecs, std::span(ranked).first(count), num_kv_heads));
   }
   return rows;
+}
+
+absl::StatusOr<std::vector<GreedyRound>> GreedyMixRounds(
+    const KvConfig& first, const std::pair<std::string, std::string>& codecs,
+    std::span<const double> probe_dppl, int num_kv_heads, int num_heads,
+    const EvaluateMixFn& evaluate) {
+  const int num_probes = static_cast<int>(probe_dppl.size());
+  std::vector<int> chosen = {RankProbes(probe_dppl).front()};
+  std::vector<GreedyRound> rounds;
+  while (static_cast<int>(chosen.size()) < num_heads) {
+    GreedyRound round;
+    round.candidate_dppl.assign(num_probes, std::numeric_limits<double>::quiet_NaN());
+    std::vector<int> heads = chosen;
+    heads.push_back(-1);
+    for (int head = 0; head < num_probes; ++head) {
+      if (absl::c_linear_search(chosen, head)) continue;
+      heads.back() = head;
+      KVS_ASSIGN_OR_RETURN(ConfigEvaluation mix,
+                           evaluate(HeadMix(first, codecs, heads, num_kv_heads)));
+      round.candidate_dppl[head] = mix.delta_ppl_pct;
+      if (round.head < 0 || mix.delta_ppl_pct < round.mix.delta_ppl_pct) {
+        round.head = head;
+        round.mix = std::move(mix);
+      }
+    }
+    chosen.push_back(round.head);
+    rounds.push_back(std::move(round));
+  }
+  return rounds;
 }
 
 std::string SweepLabel(const KvConfig& config) {
