@@ -330,6 +330,25 @@ TEST_F(SweepChoiceCliTest, MixGreedyAddsTheHeadWhoseMixLosesLeastEachRound) {
       << r.err;
 }
 
+// A greedy mix chosen and written runs as it was measured: the written file's perplexity is
+// its row's (the rows and the configurations they were measured with stay in step).
+TEST_F(SweepChoiceCliTest, MixGreedyRowWrittenReproducesItsPerplexity) {
+  const std::string chosen = dir_ + "/greedy.toml";
+  const CommandResult r = RunCli(Sweep() +
+                                 " --k-codec int2 --v-codec int2 --probe-heads int8 "
+                                 "--mix-greedy 3 --max-bits 100 --write-config " +
+                                 chosen + " --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto json = nlohmann::json::parse(r.out);
+  const auto& rows = json["rows"];
+  ASSERT_EQ(rows.size(), 23u);
+  // The most accurate row of this grid is the last greedy mix (three heads in int8).
+  ASSERT_EQ(json["choice"]["row"].get<int>(), 22) << json["choice"];
+  EXPECT_EQ(MixHeads(rows[22]).size(), 3u);
+  EXPECT_NEAR(PerplexityWith(chosen, 64), rows[22]["ppl"].get<double>(),
+              1e-9 * rows[22]["ppl"].get<double>());
+}
+
 // The row the test expects among those `within` admits: the least in `key`, the first of equals.
 template <typename Within, typename Key>
 int BestRow(const nlohmann::json& rows, Within within, Key key) {
