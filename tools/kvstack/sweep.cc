@@ -459,16 +459,15 @@ absl::StatusOr<GreedyOrder> RunGreedyMix(int num_heads, const HeadProbePlan& pro
     windows_before += windows;
     return mix;
   };
-  const KvConfig first = grid->front();  // (a copy: the grid grows below)
   GreedyOrder greedy;
-  KVS_ASSIGN_OR_RETURN(greedy.rounds, GreedyMixRounds(first, probe.codecs, probe_dppl,
+  KVS_ASSIGN_OR_RETURN(greedy.rounds, GreedyMixRounds(grid->front(), probe.codecs, probe_dppl,
                                                       probe.num_kv_heads, num_heads, evaluate));
   greedy.probe_begin = probe_begin;
   greedy.rows_begin = rows->size();
   greedy.heads = {RankProbes(probe_dppl).front()};
   for (const GreedyRound& round : greedy.rounds) {
     greedy.heads.push_back(round.head);
-    grid->push_back(HeadMix(first, probe.codecs, greedy.heads, probe.num_kv_heads));
+    grid->push_back(round.config);
     SweepRow row;
     row.eval = round.mix;
     if (probe_options != nullptr) {
@@ -752,8 +751,8 @@ RunFn RegisterSweep(CLI::App& app) {
   sub->add_option("--mix-greedy", flags->mix_greedy,
                   "N: after the --probe-heads rows, mixes of 2..N heads chosen one at a time: "
                   "each round re-probes every head not yet chosen with the chosen ones in the "
-                  "probe's codecs and keeps the best (one row per round; costs about N x the "
-                  "probes' evaluations)")
+                  "probe's codecs and keeps the best (one row per round; N - 1 rounds of one "
+                  "evaluation per head not yet chosen)")
       ->needs(probe_heads);
   sub->add_option("--policy", flags->policies,
                   "selection policies, comma-separated: full, window, streaming, h2o, tova, "

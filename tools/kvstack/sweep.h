@@ -106,11 +106,12 @@ std::vector<KvConfig> HeadMixRows(const KvConfig& first,
 KvConfig HeadMix(const KvConfig& first, const std::pair<std::string, std::string>& codecs,
                  std::span<const int> heads, int num_kv_heads);
 
-// One round of --mix-greedy: the head it added, the evaluation of the mix with it (a row of the
-// sweep), and what each candidate's mix lost, ΔPPL % by probe index (NaN for the heads chosen
-// in earlier rounds).
+// One round of --mix-greedy: the head it added, the mix with it (HeadMix's configuration, a row
+// of the sweep, and its evaluation), and what each candidate's mix lost, ΔPPL % by probe index
+// (NaN for the heads chosen in earlier rounds).
 struct GreedyRound {
   int head = -1;
+  KvConfig config;
   ConfigEvaluation mix;
   std::vector<double> candidate_dppl;
 };

@@ -219,11 +219,12 @@ absl::StatusOr<std::vector<GreedyRound>> GreedyMixRounds(
     for (int head = 0; head < num_probes; ++head) {
       if (absl::c_linear_search(chosen, head)) continue;
       heads.back() = head;
-      KVS_ASSIGN_OR_RETURN(ConfigEvaluation mix,
-                           evaluate(HeadMix(first, codecs, heads, num_kv_heads)));
+      KvConfig config = HeadMix(first, codecs, heads, num_kv_heads);
+      KVS_ASSIGN_OR_RETURN(ConfigEvaluation mix, evaluate(config));
       round.candidate_dppl[head] = mix.delta_ppl_pct;
       if (round.head < 0 || mix.delta_ppl_pct < round.mix.delta_ppl_pct) {
         round.head = head;
+        round.config = std::move(config);
         round.mix = std::move(mix);
       }
     }
