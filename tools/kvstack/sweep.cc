@@ -378,17 +378,19 @@ int GreedyEvaluations(size_t num_probes, int num_heads) {
   return evaluations;
 }
 
-// What --mix-greedy chose: the heads in their order (probe indices), the row of each round's
-// mix (round 1's is the best probe row; rounds 2..N follow from rows_begin), and rounds 2..N.
+// What --mix-greedy chose: round 1's head (the best probe's, a probe index) and rounds 2..N,
+// with where their rows are (round 1's is the best probe row; rounds 2..N follow rows_begin).
 struct GreedyOrder {
   size_t probe_begin = 0;  // the first probe row
   size_t rows_begin = 0;   // round 2's row
-  std::vector<int> heads;
+  int first_head = 0;
   std::vector<GreedyRound> rounds;
 
-  // The row of round r's mix (r from 0): the best probe's row, then the greedy rows.
+  size_t num_heads() const { return rounds.size() + 1; }
+  // The head round r added and the row of its mix (r from 0).
+  int HeadOf(size_t r) const { return r == 0 ? first_head : rounds[r - 1].head; }
   size_t RowOf(size_t r) const {
-    return r == 0 ? probe_begin + static_cast<size_t>(heads[0]) : rows_begin + r - 1;
+    return r == 0 ? probe_begin + static_cast<size_t>(first_head) : rows_begin + r - 1;
   }
 };
 
@@ -400,16 +402,16 @@ std::string HeadName(int head, int num_kv_heads) {
 std::string GreedyNote(const GreedyOrder& greedy, const std::vector<SweepRow>& rows,
                        const HeadProbePlan& probe) {
   std::vector<std::string> steps;
-  for (size_t r = 0; r < greedy.heads.size(); ++r) {
+  for (size_t r = 0; r < greedy.num_heads(); ++r) {
     const size_t row = greedy.RowOf(r);
-    steps.push_back(absl::StrFormat("%s %+.3g %%", HeadName(greedy.heads[r], probe.num_kv_heads),
+    steps.push_back(absl::StrFormat("%s %+.3g %%", HeadName(greedy.HeadOf(r), probe.num_kv_heads),
                                     rows[row].eval.delta_ppl_pct));
   }
   return absl::StrFormat(
       "--mix-greedy: heads in %s / %s in the order chosen, each with its mix's ΔPPL: %s; rounds "
       "2..%d are the last %d rows (%d evaluations)",
-      probe.codecs.first, probe.codecs.second, absl::StrJoin(steps, ", "), greedy.heads.size(),
-      greedy.rounds.size(), GreedyEvaluations(probe.num_rows, greedy.heads.size()));
+      probe.codecs.first, probe.codecs.second, absl::StrJoin(steps, ", "), greedy.num_heads(),
+      greedy.rounds.size(), GreedyEvaluations(probe.num_rows, greedy.num_heads()));
 }
 
 // --json's "mix_greedy": per round, the head added, the row of its mix and every candidate's
@@ -417,7 +419,7 @@ std::string GreedyNote(const GreedyOrder& greedy, const std::vector<SweepRow>& r
 nlohmann::json GreedyJson(const GreedyOrder& greedy, const std::vector<SweepRow>& rows,
                           const HeadProbePlan& probe) {
   nlohmann::json json = nlohmann::json::array();
-  for (size_t r = 0; r < greedy.heads.size(); ++r) {
+  for (size_t r = 0; r < greedy.num_heads(); ++r) {
     const size_t row = greedy.RowOf(r);
     nlohmann::json candidates = nlohmann::json::array();
     for (size_t head = 0; head < probe.num_rows; ++head) {
@@ -428,8 +430,8 @@ nlohmann::json GreedyJson(const GreedyOrder& greedy, const std::vector<SweepRow>
                             {"kv_head", head % probe.num_kv_heads},
                             {"delta_ppl_pct", dppl}});
     }
-    json.push_back({{"layer", greedy.heads[r] / probe.num_kv_heads},
-                    {"kv_head", greedy.heads[r] % probe.num_kv_heads},
+    json.push_back({{"layer", greedy.HeadOf(r) / probe.num_kv_heads},
+                    {"kv_head", greedy.HeadOf(r) % probe.num_kv_heads},
                     {"row", row},
                     {"delta_ppl_pct", rows[row].eval.delta_ppl_pct},
                     {"candidates", std::move(candidates)}});
@@ -464,9 +466,8 @@ absl::StatusOr<GreedyOrder> RunGreedyMix(int num_heads, const HeadProbePlan& pro
                                                       probe.num_kv_heads, num_heads, evaluate));
   greedy.probe_begin = probe_begin;
   greedy.rows_begin = rows->size();
-  greedy.heads = {RankProbes(probe_dppl).front()};
+  greedy.first_head = RankProbes(probe_dppl).front();
   for (const GreedyRound& round : greedy.rounds) {
-    greedy.heads.push_back(round.head);
     grid->push_back(round.config);
     SweepRow row;
     row.eval = round.mix;
