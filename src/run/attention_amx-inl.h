@@ -114,10 +114,8 @@ KVS_AMX_ATTR void AmxScoreTileChunks(const VnniPlan& plan, const RowSet& keys, c
   alignas(64) int8_t staging[16][64 * kChunks];
   const size_t unit = keys.prefetch_bytes;  // the rows' spacing within a block
   for (size_t key0 = 0; key0 < num_keys; key0 += 16) {
-    for (size_t k = key0; k < key0 + 16; k += 4) {
-      PrefetchAhead(keys, k, num_keys);
-      PrefetchAhead(values, k, num_keys);
-    }
+    PrefetchAhead16(keys, key0, num_keys);
+    PrefetchAhead16(values, key0, num_keys);
     const std::byte* const* rows = keys.rows + key0;
     bool even = unit != 0;
     for (int k = 1; k < 16; ++k) even &= rows[k] == rows[0] + k * unit;

@@ -373,6 +373,17 @@ HWY_INLINE void ForEachHeadStep(int group, Fn&& fn) {
   for (; j < group; ++j) fn(j, std::integral_constant<int, 1>());
 }
 
+// Requests rows [first, end) of `set`: as one byte range, each line once, where they lie back
+// to back (within a block), else row by row.
+HWY_INLINE bool PrefetchRange(const RowSet& set, size_t first, size_t end) {
+  const std::byte* begin = set.rows[first];
+  if (set.rows[end - 1] != begin + (end - 1 - first) * set.prefetch_bytes) return false;
+  const std::byte* last = set.rows[end - 1] + set.prefetch_bytes - 1;
+  const std::byte* line = begin - reinterpret_cast<uintptr_t>(begin) % kCacheLine;
+  for (; line <= last; line += kCacheLine) hwy::Prefetch(line);
+  return true;
+}
+
 // Requests the four rows kPrefetchAhead keys past `key` (callers step by 4 keys; keys and values
 // both: the value pass then reads from L2). Blocks of a paged cache are a few KiB apart from the
 // next block of the same head, which stops the hardware prefetchers at every block. (Requesting
@@ -384,19 +395,24 @@ HWY_INLINE void PrefetchAhead(const RowSet& set, size_t key, size_t num_keys) {
   if (set.prefetch_bytes == 0) return;
   const size_t first = key + kPrefetchAhead;
   const size_t end = std::min(num_keys, first + 4);
-  if (first >= end) return;
-  const std::byte* begin = set.rows[first];
-  if (set.rows[end - 1] == begin + (end - 1 - first) * set.prefetch_bytes) {
-    const std::byte* last = set.rows[end - 1] + set.prefetch_bytes - 1;
-    const std::byte* line = begin - reinterpret_cast<uintptr_t>(begin) % kCacheLine;
-    for (; line <= last; line += kCacheLine) hwy::Prefetch(line);
-    return;
-  }
+  if (first >= end || PrefetchRange(set, first, end)) return;
   for (size_t ahead = first; ahead < end; ++ahead) {
     for (size_t line = 0; line < set.prefetch_bytes; line += kCacheLine) {
       hwy::Prefetch(set.rows[ahead] + line);
     }
   }
+}
+
+// PrefetchAhead for the 16 keys from `key`, for readers that step by 16 keys: one range where
+// all 16 rows lie back to back (a block of 16 tokens or more), else by fours. The same lines as
+// four PrefetchAhead calls, with one check instead of four (in int4's key pass the look-ahead
+// calls held 15 % of the samples).
+HWY_INLINE void PrefetchAhead16(const RowSet& set, size_t key, size_t num_keys) {
+  if (set.prefetch_bytes == 0) return;
+  const size_t first = key + kPrefetchAhead;
+  const size_t end = std::min(num_keys, first + 16);
+  if (first >= end || PrefetchRange(set, first, end)) return;
+  for (size_t k = key; k < key + 16; k += 4) PrefetchAhead(set, k, num_keys);
 }
 
 // Whether any of rows[0, num_rows) of an E4M3 reader holds a NaN code (0x7F or 0xFF): the

@@ -604,10 +604,8 @@ KVS_VNNI_ATTR void VnniScoreTileBits(const VnniPlan& plan, const RowSet& keys, c
   const int code_dwords = static_cast<int>(plan.head_dim) * kBits / 32;
   constexpr int kColsPerBlock = kVnniColsPerBlock<kBits, kBlockElems>;
   for (size_t key0 = 0; key0 < num_keys; key0 += 16) {
-    for (size_t k = key0; k < key0 + 16; k += 4) {
-      PrefetchAhead(keys, k, num_keys);
-      PrefetchAhead(values, k, num_keys);
-    }
+    PrefetchAhead16(keys, key0, num_keys);
+    PrefetchAhead16(values, key0, num_keys);
     __m512 scale[16], min[16];
     LoadGroupScales(plan, keys, key0, scale, min);
     // At most 16 columns at a time (one 16x16 transpose), so that they, the accumulators and
@@ -779,10 +777,8 @@ KVS_VNNI_ATTR void VnniScoreTileKivi(const VnniPlan& plan, const RowSet& keys, c
   __m512 scale[1] = {_mm512_set1_ps(1.0f)}, min[1] = {_mm512_setzero_ps()};
   alignas(64) float block_scores[4 * 16];
   for (size_t key0 = 0; key0 < num_keys; key0 += 16) {
-    for (size_t k = key0; k < key0 + 16; k += 4) {
-      PrefetchAhead(keys, k, num_keys);
-      PrefetchAhead(values, k, num_keys);
-    }
+    PrefetchAhead16(keys, key0, num_keys);
+    PrefetchAhead16(values, key0, num_keys);
     __m512i cols[kVnniMaxHeadDim / 4];
     LoadColumns(keys.rows + key0, 0, code_dwords, cols);
     for (size_t k = key0; k < key0 + 16;) {
