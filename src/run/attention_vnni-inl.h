@@ -506,14 +506,16 @@ constexpr int kVnniColsPerBlock = kBlockElems* kBits / 32;
 // columns start at cols[0]: written to s[j * s_stride], or added there if `accumulate`. A group's
 // minimum term goes in with its last block.
 // kPrecise: with the query's low bytes (int8 keys); otherwise hi alone (see the file comment).
-template <int kBits, int kNumQ, bool kPrecise, int kBlockElems>
+// kBlocksPerGroup: blocks per key group where the caller knows it at compile time, else 0.
+template <int kBits, int kNumQ, bool kPrecise, int kBlockElems, int kBlocksPerGroup = 0>
 KVS_VNNI_ATTR HWY_INLINE void ScoreColumns(const VnniPlan& plan, const __m512i* cols, int b_begin,
                                            int b_end, const __m512* scale, const __m512* min,
                                            const VnniQuery* q, bool accumulate, float* s,
                                            size_t s_stride) {
   constexpr int kParts = 8 / kBits;
   constexpr int kColsPerBlock = kVnniColsPerBlock<kBits, kBlockElems>;
-  const int blocks_per_group = plan.group_elems / kBlockElems;
+  const int blocks_per_group =
+      kBlocksPerGroup > 0 ? kBlocksPerGroup : plan.group_elems / kBlockElems;
   const int col0 = b_begin * kColsPerBlock;
   const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << kBits) - 1));
   const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
@@ -597,17 +599,21 @@ KVS_VNNI_ATTR HWY_INLINE void LoadGroupScales(const VnniPlan& plan, const RowSet
   }
 }
 
-template <int kBits, int kBlockElems>
+// kHeadDim, kGroups: plan.head_dim and plan.num_groups where the caller knows them at compile
+// time (the common shapes: loops and divisions by constants, scales in registers), else 0.
+template <int kBits, int kBlockElems, int kHeadDim = 0, int kGroups = 0>
 KVS_VNNI_ATTR void VnniScoreTileBits(const VnniPlan& plan, const RowSet& keys, const RowSet& values,
                                      size_t num_keys, const VnniQuery* q, int group, float* s,
                                      size_t s_stride) {
-  const int code_dwords = static_cast<int>(plan.head_dim) * kBits / 32;
+  const int code_dwords = (kHeadDim > 0 ? kHeadDim : static_cast<int>(plan.head_dim)) * kBits / 32;
   constexpr int kColsPerBlock = kVnniColsPerBlock<kBits, kBlockElems>;
+  constexpr int kBlocksPerGroup =
+      kHeadDim > 0 && kGroups > 0 ? kHeadDim / kGroups / kBlockElems : 0;
   for (size_t key0 = 0; key0 < num_keys; key0 += 16) {
     PrefetchAhead16(keys, key0, num_keys);
     PrefetchAhead16(values, key0, num_keys);
     __m512 scale[16], min[16];
-    LoadGroupScales(plan, keys, key0, scale, min);
+    LoadGroupScales<kGroups>(plan, keys, key0, scale, min);
     // At most 16 columns at a time (one 16x16 transpose), so that they, the accumulators and
     // the query broadcasts fit in the 32 vector registers (int8 at head_dim 128 has 32).
     for (int c0 = 0; c0 < code_dwords; c0 += 16) {
@@ -619,19 +625,19 @@ KVS_VNNI_ATTR void VnniScoreTileBits(const VnniPlan& plan, const RowSet& keys, c
       // (No lambda: it would not carry this function's target attribute.)
       int j = 0;
       for (; j + 4 <= group; j += 4) {
-        ScoreColumns<kBits, 4, kBits == 8, kBlockElems>(plan, cols, b_begin, b_end, scale, min,
-                                                        q + j, accumulate, s + j * s_stride + key0,
-                                                        s_stride);
+        ScoreColumns<kBits, 4, kBits == 8, kBlockElems, kBlocksPerGroup>(
+            plan, cols, b_begin, b_end, scale, min, q + j, accumulate, s + j * s_stride + key0,
+            s_stride);
       }
       for (; j + 2 <= group; j += 2) {
-        ScoreColumns<kBits, 2, kBits == 8, kBlockElems>(plan, cols, b_begin, b_end, scale, min,
-                                                        q + j, accumulate, s + j * s_stride + key0,
-                                                        s_stride);
+        ScoreColumns<kBits, 2, kBits == 8, kBlockElems, kBlocksPerGroup>(
+            plan, cols, b_begin, b_end, scale, min, q + j, accumulate, s + j * s_stride + key0,
+            s_stride);
       }
       for (; j < group; ++j) {
-        ScoreColumns<kBits, 1, kBits == 8, kBlockElems>(plan, cols, b_begin, b_end, scale, min,
-                                                        q + j, accumulate, s + j * s_stride + key0,
-                                                        s_stride);
+        ScoreColumns<kBits, 1, kBits == 8, kBlockElems, kBlocksPerGroup>(
+            plan, cols, b_begin, b_end, scale, min, q + j, accumulate, s + j * s_stride + key0,
+            s_stride);
       }
     }
   }
@@ -830,12 +836,29 @@ void VnniScoreTile(const VnniPlan& plan, const RowSet& keys, const RowSet& value
   const bool block32 = plan.block_elems == 32;
   switch (plan.bits) {
     case 8:  // (int8 rows are one group of head_dim, a multiple of 32)
+      if (plan.head_dim == 128) {
+        return VnniScoreTileBits<8, 32, 128, 1>(plan, keys, values, num_keys, q, group, s,
+                                                s_stride);
+      }
       return VnniScoreTileBits<8, 32>(plan, keys, values, num_keys, q, group, s, s_stride);
     case 4:
+      // head_dim 128 in groups of 32 (int4) or one group (int4-g128) at compile time.
+      if (block32 && plan.head_dim == 128 && plan.num_groups == 4) {
+        return VnniScoreTileBits<4, 32, 128, 4>(plan, keys, values, num_keys, q, group, s,
+                                                s_stride);
+      }
+      if (block32 && plan.head_dim == 128 && plan.num_groups == 1) {
+        return VnniScoreTileBits<4, 32, 128, 1>(plan, keys, values, num_keys, q, group, s,
+                                                s_stride);
+      }
       return block32
                  ? VnniScoreTileBits<4, 32>(plan, keys, values, num_keys, q, group, s, s_stride)
                  : VnniScoreTileBits<4, 16>(plan, keys, values, num_keys, q, group, s, s_stride);
     default:
+      if (block32 && plan.head_dim == 128 && plan.num_groups == 4) {  // int2 in groups of 32
+        return VnniScoreTileBits<2, 32, 128, 4>(plan, keys, values, num_keys, q, group, s,
+                                                s_stride);
+      }
       return block32
                  ? VnniScoreTileBits<2, 32>(plan, keys, values, num_keys, q, group, s, s_stride)
                  : VnniScoreTileBits<2, 16>(plan, keys, values, num_keys, q, group, s, s_stride);
