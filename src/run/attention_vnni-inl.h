@@ -685,11 +685,14 @@ KVS_VNNI_ATTR void KiviPrepareQueries(const VnniPlan& plan, const float* q, int 
 // per unit and kv head, all heads at once: the pairs are converted and the ratios taken once, then
 // one multiply per 16 elements and head, and 64 codes packed into one vector with two vpackssdw and
 // a vpacksswb, whose order the permute into column order undoes (packed_query_index).
+// kHeadDim: plan.head_dim where the caller knows it at compile time (the unit's pairs stay in
+// registers), else 0.
+template <int kHeadDim = 0>
 KVS_VNNI_ATTR void VnniPrepareKiviUnit(const VnniPlan& plan, const std::byte* unit,
                                        const KiviQueries& queries, int group, VnniQuery* out,
                                        float* bias) {
   const float *q = queries.q, *qhat = queries.qhat.data(), *qmax = queries.qmax.data();
-  const int head_dim = static_cast<int>(plan.head_dim);
+  const int head_dim = kHeadDim > 0 ? kHeadDim : static_cast<int>(plan.head_dim);
   const int num_vectors = head_dim / 16, blocks_per_head = head_dim / 32;
   __m512 scale[kVnniMaxHeadDim / 16], min[kVnniMaxHeadDim / 16];
   for (int v = 0; v < num_vectors; ++v) {
@@ -767,14 +770,17 @@ KVS_VNNI_ATTR void VnniPrepareKiviUnit(const VnniPlan& plan, const std::byte* un
 // KIVI keys: a unit's key is codes * scale_c + min_c per channel c, so q . k = (q * scale) .
 // codes + q . min. Per unit and query head the query q' = q * scale is quantised as above (and
 // q . min kept as a bias), from the queries scaled once per task (KiviPrepareQueries); runs of
-// a block's 16 keys that share a unit are scored with it.
-template <int kBits>
+// a block's 16 keys that share a unit are scored with it. kHeadDim: plan.head_dim where the
+// caller knows it at compile time, else 0.
+template <int kBits, int kHeadDim = 0>
 KVS_VNNI_ATTR void VnniScoreTileKivi(const VnniPlan& plan, const RowSet& keys, const RowSet& values,
                                      size_t num_keys, const KiviQueries& queries, int group,
                                      float* s, size_t s_stride) {
-  const size_t head_dim = plan.head_dim;
-  const int code_dwords = static_cast<int>(head_dim) * kBits / 32;
-  const int num_blocks = static_cast<int>(head_dim) / 32;
+  const int head_dim = kHeadDim > 0 ? kHeadDim : static_cast<int>(plan.head_dim);
+  const int code_dwords = head_dim * kBits / 32;
+  const int num_blocks = head_dim / 32;
+  // A KIVI plan's one group is the whole head: all its blocks share the unit's query scales.
+  constexpr int kBlocksPerGroup = kHeadDim / 32;
   thread_local std::vector<VnniQuery> unit_queries;
   thread_local std::vector<float> bias;  // [group] q . min of the unit
   unit_queries.resize(group);
@@ -792,21 +798,21 @@ KVS_VNNI_ATTR void VnniScoreTileKivi(const VnniPlan& plan, const RowSet& keys, c
       size_t run_end = k + 1;
       while (run_end < key0 + 16 && keys.hdrs[run_end] == unit) ++run_end;
       if (unit != prepared_unit) {
-        VnniPrepareKiviUnit(plan, unit, queries, group, unit_queries.data(), bias.data());
+        VnniPrepareKiviUnit<kHeadDim>(plan, unit, queries, group, unit_queries.data(), bias.data());
         prepared_unit = unit;
       }
       const __mmask16 run = static_cast<__mmask16>(((1u << (run_end - k)) - 1) << (k - key0));
       for (int j = 0; j < group;) {
         const int step = std::min(4, group - j);
         if (step == 4) {
-          ScoreColumns<kBits, 4, false, 32>(plan, cols, 0, num_blocks, scale, min, &unit_queries[j],
-                                            false, block_scores, 16);
+          ScoreColumns<kBits, 4, false, 32, kBlocksPerGroup>(
+              plan, cols, 0, num_blocks, scale, min, &unit_queries[j], false, block_scores, 16);
         } else if (step >= 2) {
-          ScoreColumns<kBits, 2, false, 32>(plan, cols, 0, num_blocks, scale, min, &unit_queries[j],
-                                            false, block_scores, 16);
+          ScoreColumns<kBits, 2, false, 32, kBlocksPerGroup>(
+              plan, cols, 0, num_blocks, scale, min, &unit_queries[j], false, block_scores, 16);
         } else {
-          ScoreColumns<kBits, 1, false, 32>(plan, cols, 0, num_blocks, scale, min, &unit_queries[j],
-                                            false, block_scores, 16);
+          ScoreColumns<kBits, 1, false, 32, kBlocksPerGroup>(
+              plan, cols, 0, num_blocks, scale, min, &unit_queries[j], false, block_scores, 16);
         }
         const int done = step == 3 ? 2 : step;
         for (int jj = 0; jj < done; ++jj) {
@@ -828,10 +834,15 @@ void VnniScoreTile(const VnniPlan& plan, const RowSet& keys, const RowSet& value
                    const VnniQuery* q, const KiviQueries& kivi, int group, float* s,
                    size_t s_stride) {
   if (plan.kivi) {
+    const bool head_dim128 = plan.head_dim == 128;  // (the common shape at compile time)
     if (plan.bits == 4) {
-      return VnniScoreTileKivi<4>(plan, keys, values, num_keys, kivi, group, s, s_stride);
+      return head_dim128
+                 ? VnniScoreTileKivi<4, 128>(plan, keys, values, num_keys, kivi, group, s, s_stride)
+                 : VnniScoreTileKivi<4>(plan, keys, values, num_keys, kivi, group, s, s_stride);
     }
-    return VnniScoreTileKivi<2>(plan, keys, values, num_keys, kivi, group, s, s_stride);
+    return head_dim128
+               ? VnniScoreTileKivi<2, 128>(plan, keys, values, num_keys, kivi, group, s, s_stride)
+               : VnniScoreTileKivi<2>(plan, keys, values, num_keys, kivi, group, s, s_stride);
   }
   const bool block32 = plan.block_elems == 32;
   switch (plan.bits) {
