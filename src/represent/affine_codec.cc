@@ -4,6 +4,8 @@
 // elements, split into groups, each with an F16 (scale, min) pair, then the b-bit codes of
 // the whole unit token-major" — they differ only in which elements form a group, which
 // CodecFormat describes. So one class implements all four, and the format is in one place.
+// Tiles (-t16) are 16 rows of the per-token layout with their bytes reordered (codec_name.h).
+#include <cstring>
 #include <vector>
 
 #include "represent/codec_impl.h"
@@ -19,14 +21,44 @@ class AffineCodec final : public QuantCodec {
     // token-spanning groups, every head_dim-th for kivi key channels.
     group_first_step_ = format.channel_groups ? 1 : format.group_size;
     element_stride_ = format.channel_groups ? format.head_dim : 1;
+    // What EncodeGroups and DecodeGroups handle at once: a whole unit, or one row of a tile.
+    group_unit_elems_ =
+        static_cast<size_t>(format.tile_tokens > 0 ? 1 : format.group_tokens) * format.head_dim;
+    row_bytes_ = format.tile_tokens > 0 ? format.unit_bytes / format.tile_tokens : 0;
   }
 
  private:
   void EncodeUnit(const float* src, std::byte* dst) const override {
+    const int tile = format().tile_tokens;
+    if (tile == 0) return EncodeGroups(src, dst);
+    std::byte row[kMaxRowBytes];
+    for (int t = 0; t < tile; ++t) {
+      EncodeGroups(src + static_cast<size_t>(t) * format().head_dim, row);
+      ForEachRowPiece(t, [&](size_t in_row, size_t in_tile, size_t n) {
+        std::memcpy(dst + in_tile, row + in_row, n);
+      });
+    }
+  }
+
+  void DecodeUnit(const std::byte* src, float* dst) const override {
+    const int tile = format().tile_tokens;
+    if (tile == 0) return DecodeGroups(src, dst);
+    std::byte row[kMaxRowBytes];
+    for (int t = 0; t < tile; ++t) {
+      ForEachRowPiece(t, [&](size_t in_row, size_t in_tile, size_t n) {
+        std::memcpy(row + in_row, src + in_tile, n);
+      });
+      DecodeGroups(row, dst + static_cast<size_t>(t) * format().head_dim);
+    }
+  }
+
+  // The groups of one untiled unit (or one row of a tile): src [group_unit_elems_] floats,
+  // dst the untiled layout's bytes.
+  void EncodeGroups(const float* src, std::byte* dst) const {
     const CodecFormat& f = format();
     const int bits = f.name.bits;
     thread_local std::vector<uint8_t> q;  // one code per element, packed at the end
-    q.resize(static_cast<size_t>(f.group_tokens) * f.head_dim);
+    q.resize(group_unit_elems_);
     for (int g = 0; g < f.num_groups; ++g) {
       const size_t first = static_cast<size_t>(g) * group_first_step_;
       const quant::Affine affine =
@@ -41,7 +73,7 @@ class AffineCodec final : public QuantCodec {
     quant::PackCodes(q.data(), q.size(), bits, dst + f.header_bytes);
   }
 
-  void DecodeUnit(const std::byte* src, float* dst) const override {
+  void DecodeGroups(const std::byte* src, float* dst) const {
     const CodecFormat& f = format();
     const int bits = f.name.bits;
     const std::byte* codes = src + f.header_bytes;
@@ -56,15 +88,38 @@ class AffineCodec final : public QuantCodec {
     }
   }
 
+  // Where row t of a tile lies (codec_name.h's tile layout): fn(offset in the untiled row,
+  // offset in the tile, bytes) for each piece.
+  template <typename Fn>
+  void ForEachRowPiece(int t, Fn&& fn) const {
+    const CodecFormat& f = format();
+    const size_t tokens = static_cast<size_t>(f.tile_tokens);
+    for (size_t g = 0; g < static_cast<size_t>(f.num_groups); ++g)
+      fn(4 * g, 4 * (g * tokens + t), 4);
+    const size_t tile_codes = tokens * f.header_bytes;
+    const size_t code_bytes = row_bytes_ - f.header_bytes;
+    if (f.role == CodecRole::kValue)
+      return fn(f.header_bytes, tile_codes + t * code_bytes, code_bytes);
+    for (size_t w = 0; w < code_bytes / 4; ++w) {
+      fn(f.header_bytes + 4 * w, tile_codes + 4 * (w * tokens + t), 4);
+    }
+  }
+
+  // Bytes of one row of a tile: (scale, min) pairs of 2-element groups at most, plus the codes.
+  static constexpr size_t kMaxRowBytes = 4 * 4096 / 2 + 4096 / 2;
+
   size_t group_first_step_ = 0;
   size_t element_stride_ = 1;
+  size_t group_unit_elems_ = 0;
+  size_t row_bytes_ = 0;  // tiles: bytes of one row
 };
 
 }  // namespace
 
 std::unique_ptr<Codec> MakeAffineCodec(const CodecFormat& format) {
   KVS_CHECK(format.name.bits == 4 || format.name.bits == 2);
-  KVS_CHECK(format.num_groups * format.group_size == format.group_tokens * format.head_dim);
+  KVS_CHECK(format.num_groups * format.group_size ==
+            (format.tile_tokens > 0 ? 1 : format.group_tokens) * format.head_dim);
   return std::make_unique<AffineCodec>(format);
 }
 

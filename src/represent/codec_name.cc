@@ -51,7 +51,7 @@ bool WholeBytes(int num_elements, int bits) { return (num_elements * bits) % 8 =
 }  // namespace
 
 std::string CodecName::canonical() const {
-  return group > 0 ? absl::StrCat(base, "-g", group) : base;
+  return absl::StrCat(base, group > 0 ? absl::StrCat("-g", group) : "", tiled ? "-t16" : "");
 }
 
 std::vector<std::string> CodecBaseNames() {
@@ -82,25 +82,45 @@ absl::StatusOr<CodecName> ParseCodecName(std::string_view name) {
   parsed.group = kDefaultCodecGroup;
   if (dash == std::string_view::npos) return parsed;
 
-  const std::string_view option = name.substr(dash + 1);
-  const std::string_view digits = option.substr(std::min<size_t>(1, option.size()));
-  const bool well_formed = option.size() >= 2 && option.size() <= 10 && option[0] == 'g' &&
-                           digits[0] != '0' &&
-                           digits.find_first_not_of("0123456789") == std::string_view::npos;
-  int group = 0;
-  if (!well_formed || !absl::SimpleAtoi(absl::string_view(digits.data(), digits.size()), &group)) {
-    return Invalid(name, absl::StrCat("bad option '-", std::string(option),
-                                      "'; allowed: -g<N> (e.g. '", std::string(base), "-g64')"));
+  // Options, each at most once, -g before -t16: -g<N>, and -t16 for integer groups.
+  const bool takes_tiles = entry->group == GroupKind::kElements;
+  const std::string allowed =
+      absl::StrCat(takes_tiles ? "-g<N>, -t16" : "-g<N>", " (e.g. '", std::string(base), "-g64",
+                   takes_tiles ? "-t16" : "", "')");
+  std::string_view rest = name.substr(dash + 1);
+  bool seen_group = false;
+  while (true) {
+    const size_t next = rest.find('-');
+    const std::string_view option = rest.substr(0, next);
+    const auto bad = [&] {
+      return Invalid(name,
+                     absl::StrCat("bad option '-", std::string(option), "'; allowed: ", allowed));
+    };
+    if (option == "t16" && takes_tiles && !parsed.tiled) {
+      parsed.tiled = true;
+    } else {
+      const std::string_view digits = option.substr(std::min<size_t>(1, option.size()));
+      const bool well_formed = !seen_group && !parsed.tiled && option.size() >= 2 &&
+                               option.size() <= 10 && option[0] == 'g' && digits[0] != '0' &&
+                               digits.find_first_not_of("0123456789") == std::string_view::npos;
+      int group = 0;
+      if (!well_formed ||
+          !absl::SimpleAtoi(absl::string_view(digits.data(), digits.size()), &group)) {
+        return bad();
+      }
+      const int min_group = entry->group == GroupKind::kTokens ? 1 : 2;
+      if (group < min_group || group > kMaxGroup) {
+        return Invalid(
+            name,
+            absl::StrCat("group ", group, " is out of range; allowed: ", min_group, "..", kMaxGroup,
+                         entry->group == GroupKind::kTokens ? " tokens" : " elements"));
+      }
+      parsed.group = group;
+      seen_group = true;
+    }
+    if (next == std::string_view::npos) return parsed;
+    rest = rest.substr(next + 1);
   }
-  const int min_group = entry->group == GroupKind::kTokens ? 1 : 2;
-  if (group < min_group || group > kMaxGroup) {
-    return Invalid(
-        name,
-        absl::StrCat("group ", group, " is out of range; allowed: ", min_group, "..", kMaxGroup,
-                     entry->group == GroupKind::kTokens ? " tokens" : " elements"));
-  }
-  parsed.group = group;
-  return parsed;
 }
 
 absl::StatusOr<CodecFormat> ResolveCodecFormat(std::string_view name, int head_dim,
@@ -175,6 +195,22 @@ absl::StatusOr<CodecFormat> ResolveCodecFormat(std::string_view name, int head_d
                                             " or be a multiple of it"));
         }
         KVS_RETURN_IF_ERROR(row_groups(group, "a group"));
+        if (parsed.tiled) {
+          if (head_dim * bits % 32 != 0) {
+            return Invalid(name,
+                           absl::StrCat("tiles (-t16) store a token's codes as 32-bit words, "
+                                        "and head_dim ",
+                                        head_dim, " of ", bits, "-bit codes is ", head_dim * bits,
+                                        " bits; allowed: head_dim a multiple of ", 32 / bits));
+          }
+          format.tile_tokens = kTileTokens;
+          format.group_tokens = kTileTokens;
+          format.unit_bytes *= kTileTokens;
+        }
+      } else if (parsed.tiled) {
+        return Invalid(name, absl::StrCat("tiles (-t16) need groups within a token's row; group ",
+                                          group, " is larger than head_dim ", head_dim,
+                                          " (allowed: a group dividing head_dim)"));
       } else {
         if (group % head_dim != 0) {
           return Invalid(name, absl::StrCat("group ", group, " must divide head_dim ", head_dim,

@@ -4,8 +4,9 @@
 // contract in one place). CreateCodec, CheckCodecName and the SIMD kernels all use these,
 // so the name grammar and the unit sizes have exactly one implementation.
 //
-// Grammar: <base>[-g<N>], N a decimal number without sign or leading zeros. Only int4, int2,
-// kivi4 and kivi2 take -g (default 32); every other codec takes no option.
+// Grammar: <base>[-g<N>][-t16], N a decimal number without sign or leading zeros. Only int4,
+// int2, kivi4 and kivi2 take -g (default 32); only int4 and int2 take -t16 (tiles, below);
+// every other codec takes no option.
 //
 // Unit layout of the quantising codecs (all fields little-endian, scales and minimums F16):
 //   fp8_*, int8       [f16 scale][head_dim x 8-bit code]
@@ -13,6 +14,16 @@
 //   int<b>, kivi<b>   [num_groups x (f16 scale, f16 min)][codes, b bits]
 // Codes: element e of the unit (token-major, e = t * head_dim + c) sits in byte e * b / 8 at
 // bit offset (e * b) % 8, low bits first; the code block is padded to whole bytes.
+//
+// Tiles (-t16, int4 and int2 with groups within a row): a unit is 16 consecutive tokens, each
+// quantised exactly as the untiled codec quantises a row ([num_groups x (scale, min)][codes]),
+// with the 16 rows' 32-bit words stored by column, so that a SIMD lane per token reads them
+// with plain vector loads (src/run/attention_vnni-inl.h):
+//   [num_groups x 16 tokens x (f16 scale, f16 min)]       header pairs, group-major
+//   keys:   [row code words x 16 tokens x 4 code bytes]   word w of every token, then w + 1
+//   values: [16 tokens x row code bytes]                  rows as they are (read per token)
+// The row's code bytes must be whole 32-bit words (head_dim * b a multiple of 32). Same bits
+// per element and the same rounding as the untiled codec: only the byte order differs.
 #pragma once
 
 #include <cstddef>
@@ -30,16 +41,18 @@ inline constexpr int kDefaultCodecGroup = 32;
 
 struct CodecName {
   CodecId id = CodecId::kF32;
-  std::string base;  // "int4"
-  int bits = 32;     // bits per stored element code: 32, 16, 8, 4 or 2
-  int group = 0;     // the -g value (default applied); 0 for codecs that take no option
-  // The canonical full name: base, plus "-g<group>" for codecs that take a group.
+  std::string base;    // "int4"
+  int bits = 32;       // bits per stored element code: 32, 16, 8, 4 or 2
+  int group = 0;       // the -g value (default applied); 0 for codecs that take no option
+  bool tiled = false;  // -t16
+  // The canonical full name: base, plus "-g<group>" for codecs that take a group, plus "-t16"
+  // for tiles.
   std::string canonical() const;
 };
 
 // Parses a name; InvalidArgument (one line) for unknown base names (listing the allowed
-// ones), malformed options, options on codecs that take none, and groups out of range
-// (int: 2..4096 elements; kivi: 1..4096 tokens).
+// ones), malformed or repeated options, options on codecs that take none, and groups out of
+// range (int: 2..4096 elements; kivi: 1..4096 tokens).
 absl::StatusOr<CodecName> ParseCodecName(std::string_view name);
 
 // Every base name, in the stable registry order CodecNames() reports.
@@ -61,13 +74,20 @@ struct CodecFormat {
   bool channel_groups = false;  // true for kivi keys: group c holds channel c of every token
   size_t header_bytes = 0;      // bytes of scales (and minimums) before the codes
   size_t unit_bytes = 0;        // header_bytes + the padded code block
+  // Tiles (-t16): tokens per unit, stored by column (above); 0: not tiled. num_groups,
+  // group_size and header_bytes then describe one row of the tile, unit_bytes the whole tile.
+  int tile_tokens = 0;
 };
+
+// Tokens per tile of the -t16 layout.
+inline constexpr int kTileTokens = 16;
 
 // Resolves `name` for rows of `head_dim` elements (1..4096) in `role`. InvalidArgument when
 // the group does not fit head_dim: an int group that neither divides head_dim nor is a
 // multiple of it, a kivi value group min(G, head_dim) or a q4_absmax block min(32, head_dim)
 // that does not divide head_dim, or a layout where a unit holds several groups or tokens
-// whose codes would not start on a byte boundary (e.g. int2-g2 on head_dim 8).
+// whose codes would not start on a byte boundary (e.g. int2-g2 on head_dim 8); tiles whose
+// groups span tokens or whose rows' codes are not whole 32-bit words.
 absl::StatusOr<CodecFormat> ResolveCodecFormat(std::string_view name, int head_dim, CodecRole role);
 
 }  // namespace kvstack

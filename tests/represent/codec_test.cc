@@ -30,9 +30,10 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 // EveryBaseNameIsCovered) together with its Expected() entry.
 const std::vector<std::string>& SuiteNames() {
   static const auto* names = new std::vector<std::string>{
-      "f32",       "f16",      "bf16",      "fp8_e4m3",  "fp8_e5m2", "int8",      "int4",
-      "int4-g8",   "int4-g64", "int4-g256", "int4-g48",  "int2",     "int2-g8",   "int2-g64",
-      "q4_absmax", "kivi4",    "kivi4-g8",  "kivi4-g64", "kivi2",    "kivi2-g64", "kivi2-g48"};
+      "f32",       "f16",         "bf16",      "fp8_e4m3",    "fp8_e5m2", "int8",      "int4",
+      "int4-g8",   "int4-g64",    "int4-g256", "int4-g48",    "int2",     "int2-g8",   "int2-g64",
+      "q4_absmax", "kivi4",       "kivi4-g8",  "kivi4-g64",   "kivi2",    "kivi2-g64", "kivi2-g48",
+      "int4-t16",  "int4-g8-t16", "int2-t16",  "int2-g64-t16"};
   return *names;
 }
 
@@ -89,6 +90,18 @@ std::optional<Expectation> Expected(const std::string& name, int hd, CodecRole r
   if (base == "int4" || base == "int2") {
     const int bits = base == "int4" ? 4 : 2;
     const CodecId id = bits == 4 ? CodecId::kInt4 : CodecId::kInt2;
+    if (name.ends_with("-t16")) {  // 16 rows of the per-token layout
+      if (group > hd || hd % group || hd * bits % 32) return std::nullopt;
+      return Expectation{id,
+                         canonical + "-t16",
+                         Kind::kAffine,
+                         bits,
+                         0,
+                         16,
+                         16 * (4u * (hd / group) + CodeBytes(hd, bits)),
+                         G::kRow,
+                         group};
+    }
     if (group <= hd) {
       if (hd % group) return std::nullopt;
       return Expectation{
@@ -441,6 +454,48 @@ TEST(CodecSizeTest, KiviValuesAreTheIntPerTokenFormat) {
   }
 }
 
+// The -t16 layout (codec_name.h): 16 rows of the untiled codec, header pairs by group then
+// token, key code words by word then token, value code rows as they are; and the same floats.
+TEST(CodecSizeTest, TilesAreTheUntiledRowsByColumn) {
+  constexpr int kHd = 64, kTokens = 32;
+  const std::vector<float> src = NormalData(kTokens, kHd, 19, true);
+  for (const char* row_name : {"int4", "int4-g8", "int2-g64"}) {
+    for (const CodecRole role : {CodecRole::kKey, CodecRole::kValue}) {
+      auto rows = CreateCodec(row_name, kHd, role);
+      auto tiles = CreateCodec(std::string(row_name) + "-t16", kHd, role);
+      ASSERT_TRUE(rows.ok() && tiles.ok()) << row_name;
+      const size_t row_bytes = (*rows)->unit_bytes();
+      ASSERT_EQ((*tiles)->unit_bytes(), 16 * row_bytes);
+      std::vector<std::byte> a(kTokens * row_bytes), b(a.size());
+      (*rows)->Encode(src, a);
+      (*tiles)->Encode(src, b);
+      const int bits = std::string(row_name).starts_with("int4") ? 4 : 2;
+      const size_t code_bytes = kHd * bits / 8, header_bytes = row_bytes - code_bytes;
+      for (int token = 0; token < kTokens; ++token) {
+        const std::byte* row = a.data() + token * row_bytes;
+        const std::byte* tile = b.data() + token / 16 * 16 * row_bytes;
+        const size_t t = token % 16;
+        for (size_t g = 0; g < header_bytes / 4; ++g) {
+          EXPECT_EQ(std::memcmp(row + 4 * g, tile + 4 * (16 * g + t), 4), 0) << row_name << g;
+        }
+        const std::byte* codes = tile + 16 * header_bytes;
+        if (role == CodecRole::kValue) {
+          EXPECT_EQ(std::memcmp(row + header_bytes, codes + t * code_bytes, code_bytes), 0);
+          continue;
+        }
+        for (size_t w = 0; w < code_bytes / 4; ++w) {
+          EXPECT_EQ(std::memcmp(row + header_bytes + 4 * w, codes + 4 * (16 * w + t), 4), 0)
+              << row_name << " token " << token << " word " << w;
+        }
+      }
+      std::vector<float> from_rows(src.size()), from_tiles(src.size());
+      (*rows)->Decode(a, from_rows);
+      (*tiles)->Decode(b, from_tiles);
+      EXPECT_EQ(from_rows, from_tiles) << row_name;
+    }
+  }
+}
+
 TEST(CodecSizeTest, RoleMattersOnlyForKivi) {
   const std::vector<float> src = NormalData(4, 8, 21, false);
   for (const char* name : {"int8", "fp8_e5m2", "int4", "q4_absmax"}) {
@@ -644,8 +699,12 @@ TEST(CodecFactoryTest, BadOptionSyntax) {
     EXPECT_FALSE(CheckCodecName(name).ok()) << name;
   }
   EXPECT_EQ(Error("int4-x8", 64),
-            "codec 'int4-x8': bad option '-x8'; allowed: -g<N> (e.g. "
-            "'int4-g64')");
+            "codec 'int4-x8': bad option '-x8'; allowed: -g<N>, -t16 (e.g. 'int4-g64-t16')");
+  EXPECT_EQ(Error("kivi4-t16", 64),
+            "codec 'kivi4-t16': bad option '-t16'; allowed: -g<N> (e.g. 'kivi4-g64')");
+  for (const char* name : {"int4-t16-t16", "int4-t16-g64", "int4-t8", "int4-t", "int2-g8-t16x"}) {
+    EXPECT_THAT(Error(name, 64), HasSubstr("bad option")) << name;
+  }
 }
 
 TEST(CodecFactoryTest, OptionOnCodecThatTakesNone) {
@@ -695,6 +754,17 @@ TEST(CodecFactoryTest, CodesMustFillWholeBytesWhereUnitsHoldSeveralGroupsOrToken
   EXPECT_EQ(Error("kivi4-g1", 1, CodecRole::kKey), "ok");  // one token per unit
 }
 
+TEST(CodecFactoryTest, TilesNeedRowGroupsOfWholeWords) {
+  EXPECT_EQ(Error("int4-g64-t16", 64), "ok");
+  EXPECT_EQ(Error("int4-t16", 8),
+            "codec 'int4-t16': tiles (-t16) need groups within a token's row; group 32 is larger "
+            "than head_dim 8 (allowed: a group dividing head_dim)");
+  EXPECT_EQ(Error("int2-g4-t16", 4),
+            "codec 'int2-g4-t16': tiles (-t16) store a token's codes as 32-bit words, and "
+            "head_dim 4 of 2-bit codes is 8 bits; allowed: head_dim a multiple of 16");
+  EXPECT_EQ(Error("int4-g8-t16", 8), "ok");
+}
+
 TEST(CodecFactoryTest, HeadDimOutOfRange) {
   for (const int head_dim : {0, -1, 4097}) {
     for (const char* name : {"f16", "int4", "kivi2"}) {
@@ -706,7 +776,7 @@ TEST(CodecFactoryTest, HeadDimOutOfRange) {
 
 TEST(CodecFactoryTest, CheckCodecNameAcceptsWhatUsersType) {
   for (const char* name : {"f32", "int4", "int4-g64", "int2-g4096", "kivi2-g64", "kivi4-g1",
-                           "q4_absmax", "fp8_e5m2"}) {
+                           "q4_absmax", "fp8_e5m2", "int4-t16", "int2-g64-t16"}) {
     EXPECT_TRUE(CheckCodecName(name).ok()) << name;
   }
   EXPECT_FALSE(CheckCodecName("int4-g1").ok());
