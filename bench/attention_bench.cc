@@ -207,9 +207,10 @@ void BM_Prefill(benchmark::State& state, int num_kv_heads, int num_heads, int he
 }
 
 // Shape B's codecs: the floats and every codec with a fast path; int4 also with one (scale,
-// min) pair per 128 elements instead of 32, to show what its groups cost.
-const char* const kCodecsB[] = {"bf16", "f16",       "fp8_e4m3", "int8",
-                                "int4", "int4-g128", "kivi4",    "kivi2"};
+// min) pair per 128 elements instead of 32, to show what its groups cost, and in -t16 tiles
+// (the same bytes by column), to show what the transposes cost.
+const char* const kCodecsB[] = {"bf16",     "f16",       "fp8_e4m3", "int8", "int4",
+                                "int4-t16", "int4-g128", "kivi4",    "kivi2"};
 constexpr int kThreadsB = 2;
 
 void RegisterAll(bool long_contexts) {
@@ -261,8 +262,8 @@ void RegisterAll(bool long_contexts) {
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond);
   // Prefill of quantised caches against f16, one thread, CPU time: their tiles are decoded to
-  // F32 with the SIMD readers (or the codec's own Decode where a format has none).
-  for (const char* codec : {"f16", "int8", "int4", "kivi4", "kivi2"}) {
+  // F32 with the SIMD readers (or the codec's own Decode where a format has none, as -t16 tiles).
+  for (const char* codec : {"f16", "int8", "int4", "int4-t16", "kivi4", "kivi2"}) {
     benchmark::RegisterBenchmark((std::string("PrefillA1/") + codec).c_str(), BM_Prefill, 8, 8, 64,
                                  std::string(codec))
         ->Args({2048, 1})

@@ -325,8 +325,12 @@ void DecodeImpl(const KvLayerView& view, const float* q, const AttentionParams& 
   const int group = params.num_heads / num_kv_heads;
   const size_t head_dim = static_cast<size_t>(view.head_dim);
   const size_t lanes = hn::Lanes(D());
-  const SideSpec k_arena = ArenaSide(view, view.k, true, lanes);
-  const SideSpec v_arena = ArenaSide(view, view.v, false, lanes);
+  SideSpec k_arena = ArenaSide(view, view.k, true, lanes);
+  SideSpec v_arena = ArenaSide(view, view.v, false, lanes);
+  // -t16 tiles are read whole by the VNNI readers; the others read their rows copied out.
+  for (SideSpec* side : {&k_arena, &v_arena}) {
+    if (side->tiled && !PlanVnni(*side, head_dim, lanes).ok) *side = UntiledSide(*side);
+  }
   SideSpec sinks, pending;
   sinks.fill = FillKind::kSinks;
   pending.fill = FillKind::kPending;
@@ -342,10 +346,17 @@ void DecodeImpl(const KvLayerView& view, const float* q, const AttentionParams& 
   const int chunk_len = ((num_arena + num_chunks - 1) / num_chunks + align - 1) / align * align;
   std::vector<std::pair<FillKind, std::pair<int, int>>> ranges;
   if (view.sinks.end > 0) ranges.push_back({FillKind::kSinks, {0, view.sinks.end}});
+  // An arena that starts mid-unit (after sinks) reads the rest of that unit as its own part,
+  // so that every chunk, and every 16 keys of its tiles, starts on a unit boundary (what -t16
+  // tiles read whole).
+  const int first_whole = std::min(arena_end, (arena_begin + align - 1) / align * align);
+  if (arena_begin < first_whole && first_whole < arena_end) {
+    ranges.push_back({FillKind::kDirect, {arena_begin, first_whole}});
+  }
   for (int c = 0; c < num_chunks; ++c) {
-    // Boundaries on absolute multiples of the unit length (the first may sit mid-unit).
-    const int b =
-        c == 0 ? arena_begin : std::min(arena_end, (arena_begin + c * chunk_len) / align * align);
+    // Boundaries on absolute multiples of the unit length (but an arena within one unit).
+    const int b = c == 0 ? (first_whole < arena_end ? first_whole : arena_begin)
+                         : std::min(arena_end, (arena_begin + c * chunk_len) / align * align);
     const int e = c == num_chunks - 1
                       ? arena_end
                       : std::min(arena_end, (arena_begin + (c + 1) * chunk_len) / align * align);

@@ -52,6 +52,7 @@ template <class D>
 TileSource MakeTileSource(const KvLayerView& view, bool keys) {
   TileSource source;
   source.side = ArenaSide(view, keys ? view.k : view.v, keys, hn::Lanes(D()));
+  if (source.side.tiled) source.side = UntiledSide(source.side);  // (rows copied out of tiles)
   if (source.side.fill != FillKind::kDecoded) source.decode = DecodeRowsFor<D>(source.side.reader);
   return source;
 }

@@ -6,6 +6,7 @@
 // chosen independently per tile, so every (key codec, value codec) pair gets both fast paths
 // without instantiating the pairs.
 
+#include "represent/codec_name.h"
 #include "run/attention_rows-inl.h"
 
 #if defined(KVSTACK_RUN_ATTENTION_READERS_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -82,6 +83,7 @@ struct RowSet {
   int group_elems = 0;         // kInt4/kInt2: elements per (scale, min) pair within a row
   int num_header_floats = 0;   // kInt4/kInt2: 2 * groups per row
   size_t prefetch_bytes = 0;   // bytes worth prefetching per row (0: do not prefetch)
+  size_t prefetch_lead = 0;    // bytes before a run of rows requested with it (tiles: headers)
   bool absmax_header = false;  // header holds one f16 d per group: (scale, min) = (d, -8 d)
 };
 
@@ -103,6 +105,7 @@ enum class FillKind {
   kSpanned,  // integer groups spanning T > 1 tokens: header = unit, codes = the token's slice
   kKivi,     // KIVI keys: header = unit (per-channel pairs), codes = the token's slice
   kDecoded,  // any other codec: decoded into scratch, read as F32
+  kUntiled,  // -t16 tiles for readers of rows: each token's row copied out of its tile
   kSinks,    // F32 segment rows
   kPending,
 };
@@ -117,7 +120,40 @@ struct SideSpec {
   int group_elems = 0;
   int num_header_floats = 0;
   bool absmax_header = false;  // q4_absmax: one f16 d per group, meaning (d, -8 d)
+  // -t16 tiles (codec_name.h): units of 16 tokens whose header pairs (and key codes) are stored
+  // by column. FillRows fills them as spanned units (hdrs: the unit; rows: unit + code_offset +
+  // t * row_code_bytes, which for values is the token's code row and for keys only says t);
+  // only the VNNI readers read them so (the others take UntiledSide).
+  bool tiled = false;
 };
+
+// The side that reads -t16 tiles as rows (FillKind::kUntiled): each token's header pairs and
+// codes copied out of its tile into scratch in the untiled layout, then read by the row readers.
+inline SideSpec UntiledSide(const SideSpec& tiled) {
+  SideSpec side = tiled;
+  side.fill = FillKind::kUntiled;
+  side.tiled = false;
+  return side;
+}
+
+// Copies token t of a -t16 tile `unit` (`side`'s geometry) into `row` in the untiled layout:
+// [num_groups x (scale, min)][codes].
+inline void UntileRow(const SideSpec& side, bool keys, const std::byte* unit, int t,
+                      std::byte* row) {
+  const size_t num_groups = static_cast<size_t>(side.num_header_floats / 2);
+  for (size_t g = 0; g < num_groups; ++g) {
+    std::memcpy(row + 4 * g, unit + 4 * (kTileTokens * g + t), 4);
+  }
+  std::byte* codes = row + 4 * num_groups;
+  const std::byte* tile_codes = unit + side.code_offset;
+  if (!keys) {
+    std::memcpy(codes, tile_codes + t * side.row_code_bytes, side.row_code_bytes);
+    return;
+  }
+  for (size_t w = 0; w < side.row_code_bytes / 4; ++w) {
+    std::memcpy(codes + 4 * w, tile_codes + 4 * (kTileTokens * w + t), 4);
+  }
+}
 
 // Fills rows[0, t1 - t0) for one side, padded to a multiple of 4 with the last row.
 void FillRows(const KvLayerView& view, const SideSpec& side, bool keys, int kv_head, int t0, int t1,
@@ -128,6 +164,7 @@ void FillRows(const KvLayerView& view, const SideSpec& side, bool keys, int kv_h
   set->num_header_floats = side.num_header_floats;
   set->absmax_header = side.absmax_header;
   set->prefetch_bytes = 0;
+  set->prefetch_lead = side.tiled ? side.code_offset : 0;
   switch (side.fill) {
     case FillKind::kSinks:
     case FillKind::kPending: {
@@ -147,6 +184,24 @@ void FillRows(const KvLayerView& view, const SideSpec& side, bool keys, int kv_h
       }
       break;
     }
+    case FillKind::kUntiled: {
+      const KvArenaView& arena = *side.arena;
+      const size_t header_bytes = 2 * static_cast<size_t>(side.num_header_floats);
+      const size_t row_bytes = header_bytes + side.row_code_bytes;
+      std::byte* buffer = reinterpret_cast<std::byte*>(
+          Scratch(keys ? kSlotKeys : kSlotValues, (kDecodeTile * row_bytes + 3) / 4));
+      view.ForEachRun(t0, t1, [&](int logical, int count, int32_t block_id, int row) {
+        for (int r = 0; r < count; ++r) {
+          const int i = logical - t0 + r;
+          std::byte* out = buffer + i * row_bytes;
+          UntileRow(side, keys, arena.Unit(block_id, (row + r) / kTileTokens, kv_head),
+                    (row + r) % kTileTokens, out);
+          set->hdrs[i] = out;
+          set->rows[i] = out + header_bytes;
+        }
+      });
+      break;
+    }
     case FillKind::kDirect:
     case FillKind::kSpanned:
     case FillKind::kKivi: {
@@ -164,18 +219,20 @@ void FillRows(const KvLayerView& view, const SideSpec& side, bool keys, int kv_h
           }
           return;
         }
-        // A head's units of one block are consecutive: one division per run, not per row.
+        // A head's units of one block are consecutive: one division per run, not per row, and
+        // no branch per row.
         const std::byte* unit = arena.Unit(block_id, row / group_tokens, kv_head);
         int in_unit = row % group_tokens;
         const std::byte** hdrs = set->hdrs + (logical - t0);
         const std::byte** rows = set->rows + (logical - t0);
-        for (int r = 0; r < count; ++r) {
-          hdrs[r] = unit;
-          rows[r] = unit + side.code_offset + static_cast<size_t>(in_unit) * side.row_code_bytes;
-          if (++in_unit == group_tokens) {
-            in_unit = 0;
-            unit += arena.unit_bytes;
+        for (int r = 0; r < count; unit += arena.unit_bytes, in_unit = 0) {
+          const int n = std::min(count - r, group_tokens - in_unit);
+          const std::byte* code = unit + side.code_offset + in_unit * side.row_code_bytes;
+          for (int i = 0; i < n; ++i, code += side.row_code_bytes) {
+            hdrs[r + i] = unit;
+            rows[r + i] = code;
           }
+          r += n;
         }
       });
       break;
@@ -379,7 +436,8 @@ HWY_INLINE bool PrefetchRange(const RowSet& set, size_t first, size_t end) {
   const std::byte* begin = set.rows[first];
   if (set.rows[end - 1] != begin + (end - 1 - first) * set.prefetch_bytes) return false;
   const std::byte* last = set.rows[end - 1] + set.prefetch_bytes - 1;
-  const std::byte* line = begin - reinterpret_cast<uintptr_t>(begin) % kCacheLine;
+  const std::byte* lead = begin - set.prefetch_lead;
+  const std::byte* line = lead - reinterpret_cast<uintptr_t>(lead) % kCacheLine;
   for (; line <= last; line += kCacheLine) hwy::Prefetch(line);
   return true;
 }
@@ -946,6 +1004,27 @@ SideSpec ArenaSide(const KvLayerView& view, const KvArenaView& arena, bool keys,
     return side;
   }
   const size_t unit_code_bytes = row_code_bytes * group_tokens;
+  const size_t tile_row_bytes = arena.unit_bytes / kTileTokens;
+  if (is_int && group_tokens == kTileTokens && arena.unit_bytes % kTileTokens == 0 &&
+      tile_row_bytes > row_code_bytes && (tile_row_bytes - row_code_bytes) % 4 == 0 &&
+      row_code_bytes % 4 == 0) {
+    // -t16 tiles: 16 rows of per-token groups (codec_name.h), read whole by the VNNI readers,
+    // by rows copied out of them elsewhere (UntiledSide).
+    const size_t num_groups = (tile_row_bytes - row_code_bytes) / 4;
+    if (head_dim % num_groups != 0 || 2 * num_groups > static_cast<size_t>(kMaxHeaderFloats)) {
+      return side;
+    }
+    const size_t group_elems = head_dim / num_groups;
+    if (group_elems % lanes != 0) return side;  // (the row readers' rule for UntiledSide)
+    side.fill = FillKind::kSpanned;
+    side.reader = int_reader(group_elems);
+    side.code_offset = kTileTokens * 4 * num_groups;
+    side.row_code_bytes = row_code_bytes;
+    side.group_elems = static_cast<int>(group_elems);
+    side.num_header_floats = static_cast<int>(2 * num_groups);
+    side.tiled = true;
+    return side;
+  }
   if (is_int && arena.unit_bytes == 4 + unit_code_bytes) {
     side.fill = FillKind::kSpanned;  // one (scale, min) for the whole unit
     side.reader = int_reader(head_dim);

@@ -93,6 +93,12 @@ struct VnniPlan {
   // The state slot that holds each element (the inverse of SpanElement), for
   // VnniSpanOrderToElements.
   const int32_t* span_slot = nullptr;
+  // -t16 tiles (SideSpec::tiled): header pairs at unit + 64 g, key code words at unit +
+  // tile_code_offset + 64 w, one lane per token (TileOf). (code_offset stays 0: values' rows
+  // point at their codes.)
+  bool tiled = false;
+  size_t tile_code_offset = 0;  // bytes of the tile's header pairs
+  size_t row_code_bytes = 0;    // code bytes of one token
 };
 
 // One query head quantised for a VnniPlan (see the file comment).
@@ -153,6 +159,11 @@ inline VnniPlan IntegerPlanShape(const SideSpec& side, size_t head_dim) {
       plan.group_elems = side.group_elems;
       plan.num_groups = side.num_header_floats / 2;
       plan.absmax = side.absmax_header;
+      plan.tiled = side.tiled;
+      if (side.tiled) {
+        plan.tile_code_offset = side.code_offset;
+        plan.row_code_bytes = side.row_code_bytes;
+      }
       if (plan.group_elems % 16 != 0 || plan.num_groups > 16 ||
           static_cast<size_t>(plan.group_elems * plan.num_groups) != head_dim) {
         return plan;
@@ -568,12 +579,55 @@ KVS_VNNI_ATTR HWY_INLINE void ScoreColumns(const VnniPlan& plan, const __m512i* 
   for (int j = 0; j < kNumQ; ++j) _mm512_storeu_ps(s + j * s_stride, total[j]);
 }
 
+// Dwords of a gathered tile (TileOf): up to 16 header pairs and 32 code words per token.
+constexpr size_t kTileDwords = 16 * (16 + kVnniMaxHeadDim / 8);
+
+// The -t16 tile that holds keys [key0, key0 + 16) of `set` in lane order (lane k = key0 + k):
+// the unit itself where those keys are its 16 tokens in order (the common case: decode's parts
+// and tiles start on unit boundaries), else a copy of their header pairs (and with `codes`, their
+// code words) gathered into per-thread scratch laid out as a unit (valid until the next call).
+KVS_VNNI_ATTR HWY_INLINE const std::byte* TileOf(const VnniPlan& plan, const RowSet& set,
+                                                 size_t key0, bool codes) {
+  const std::byte* unit = set.hdrs[key0];
+  const size_t row = plan.row_code_bytes;
+  if (set.hdrs[key0 + 15] == unit && set.rows[key0] == unit + plan.tile_code_offset &&
+      set.rows[key0 + 15] == set.rows[key0] + 15 * row) {
+    return unit;
+  }
+  alignas(64) thread_local uint32_t gathered[kTileDwords];
+  const size_t header_dwords = plan.tile_code_offset / 4, code_words = codes ? row / 4 : 0;
+  for (size_t k = 0; k < 16; ++k) {
+    const std::byte* from = set.hdrs[key0 + k];
+    const size_t t = static_cast<size_t>(set.rows[key0 + k] - from - plan.tile_code_offset) / row;
+    for (size_t d = k; d < header_dwords; d += 16)
+      std::memcpy(gathered + d, from + 4 * (d - k + t), 4);
+    for (size_t w = 0; w < code_words; ++w) {
+      std::memcpy(gathered + header_dwords + 16 * w + k,
+                  from + plan.tile_code_offset + 4 * (16 * w + t), 4);
+    }
+  }
+  return reinterpret_cast<const std::byte*>(gathered);
+}
+
+// The (scale, min) of every group of a -t16 tile's 16 tokens as vectors over the tokens.
+template <int kGroups = 0>
+KVS_VNNI_ATTR HWY_INLINE void LoadTileScales(const VnniPlan& plan, const std::byte* tile,
+                                             __m512* scale, __m512* min) {
+  const int num_groups = kGroups > 0 ? kGroups : plan.num_groups;
+  for (int g = 0; g < num_groups; ++g) {
+    const __m512i pairs = _mm512_loadu_si512(tile + 64 * g);
+    scale[g] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(pairs));
+    min[g] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(pairs, 16)));
+  }
+}
+
 // The per-key (scale, min) of every group of 16 keys as vectors over the keys. kGroups:
 // plan.num_groups where the caller knows it at compile time, else 0.
 template <int kGroups = 0>
 KVS_VNNI_ATTR HWY_INLINE void LoadGroupScales(const VnniPlan& plan, const RowSet& keys, size_t key0,
                                               __m512* scale, __m512* min) {
-  if (plan.bits == 8) {  // the row's f16 scale; no minimum
+  if (plan.tiled) return LoadTileScales<kGroups>(plan, TileOf(plan, keys, key0, false), scale, min);
+  if (kGroups <= 1 && plan.bits == 8) {  // the row's f16 scale (one group); no minimum
     scale[0] = LoadRowScales(DF(), keys.rows + key0).raw;
     min[0] = _mm512_setzero_ps();
     return;
@@ -601,7 +655,8 @@ KVS_VNNI_ATTR HWY_INLINE void LoadGroupScales(const VnniPlan& plan, const RowSet
 
 // kHeadDim, kGroups: plan.head_dim and plan.num_groups where the caller knows them at compile
 // time (the common shapes: loops and divisions by constants, scales in registers), else 0.
-template <int kBits, int kBlockElems, int kHeadDim = 0, int kGroups = 0>
+// kTiled: plan.tiled (-t16 tiles: scales and code columns are plain loads, no transposes).
+template <int kBits, int kBlockElems, int kHeadDim = 0, int kGroups = 0, bool kTiled = false>
 KVS_VNNI_ATTR void VnniScoreTileBits(const VnniPlan& plan, const RowSet& keys, const RowSet& values,
                                      size_t num_keys, const VnniQuery* q, int group, float* s,
                                      size_t s_stride) {
@@ -613,13 +668,26 @@ KVS_VNNI_ATTR void VnniScoreTileBits(const VnniPlan& plan, const RowSet& keys, c
     PrefetchAhead16(keys, key0, num_keys);
     PrefetchAhead16(values, key0, num_keys);
     __m512 scale[16], min[16];
-    LoadGroupScales<kGroups>(plan, keys, key0, scale, min);
+    const std::byte* tile = nullptr;
+    if constexpr (kTiled) {
+      tile = TileOf(plan, keys, key0, true);
+      LoadTileScales<kGroups>(plan, tile, scale, min);
+    } else {
+      LoadGroupScales<kGroups>(plan, keys, key0, scale, min);
+    }
     // At most 16 columns at a time (one 16x16 transpose), so that they, the accumulators and
     // the query broadcasts fit in the 32 vector registers (int8 at head_dim 128 has 32).
     for (int c0 = 0; c0 < code_dwords; c0 += 16) {
       const int n = std::min(16, code_dwords - c0);
       __m512i cols[16];
-      LoadColumns(keys.rows + key0, plan.code_offset + 4 * static_cast<size_t>(c0), n, cols);
+      if constexpr (kTiled) {
+        for (int c = 0; c < n; ++c) {
+          cols[c] =
+              _mm512_loadu_si512(tile + plan.tile_code_offset + 64 * static_cast<size_t>(c0 + c));
+        }
+      } else {
+        LoadColumns(keys.rows + key0, plan.code_offset + 4 * static_cast<size_t>(c0), n, cols);
+      }
       const int b_begin = c0 / kColsPerBlock, b_end = (c0 + n) / kColsPerBlock;
       const bool accumulate = c0 > 0;
       // (No lambda: it would not carry this function's target attribute.)
@@ -853,6 +921,16 @@ void VnniScoreTile(const VnniPlan& plan, const RowSet& keys, const RowSet& value
       }
       return VnniScoreTileBits<8, 32>(plan, keys, values, num_keys, q, group, s, s_stride);
     case 4:
+      if (plan.tiled) {  // (int4-t16 at head_dim 128 at compile time, else the general tiles)
+        if (block32 && plan.head_dim == 128 && plan.num_groups == 4) {
+          return VnniScoreTileBits<4, 32, 128, 4, true>(plan, keys, values, num_keys, q, group, s,
+                                                        s_stride);
+        }
+        return block32 ? VnniScoreTileBits<4, 32, 0, 0, true>(plan, keys, values, num_keys, q,
+                                                              group, s, s_stride)
+                       : VnniScoreTileBits<4, 16, 0, 0, true>(plan, keys, values, num_keys, q,
+                                                              group, s, s_stride);
+      }
       // head_dim 128 in groups of 32 (int4) or one group (int4-g128) at compile time.
       if (block32 && plan.head_dim == 128 && plan.num_groups == 4) {
         return VnniScoreTileBits<4, 32, 128, 4>(plan, keys, values, num_keys, q, group, s,
@@ -866,6 +944,12 @@ void VnniScoreTile(const VnniPlan& plan, const RowSet& keys, const RowSet& value
                  ? VnniScoreTileBits<4, 32>(plan, keys, values, num_keys, q, group, s, s_stride)
                  : VnniScoreTileBits<4, 16>(plan, keys, values, num_keys, q, group, s, s_stride);
     default:
+      if (plan.tiled) {
+        return block32 ? VnniScoreTileBits<2, 32, 0, 0, true>(plan, keys, values, num_keys, q,
+                                                              group, s, s_stride)
+                       : VnniScoreTileBits<2, 16, 0, 0, true>(plan, keys, values, num_keys, q,
+                                                              group, s, s_stride);
+      }
       if (block32 && plan.head_dim == 128 && plan.num_groups == 4) {  // int2 in groups of 32
         return VnniScoreTileBits<2, 32, 128, 4>(plan, keys, values, num_keys, q, group, s,
                                                 s_stride);

@@ -210,10 +210,11 @@ TEST(AttentionTest, FastCodecPairsTogether) {
     const char* v;
     int head_dim;
   } pairs[] = {
-      {"int8", "int8", 64},        {"int4", "int4", 64},         {"int2", "int2", 64},
-      {"kivi4", "kivi4", 64},      {"kivi2", "kivi2", 64},       {"int4-g64", "int4-g64", 8},
-      {"int2-g64", "int2-g64", 8}, {"kivi4", "int8", 64},        {"int8", "int4-g8", 64},
-      {"kivi2-g64", "bf16", 128},  {"int4-g16", "kivi2-g16", 32}};
+      {"int8", "int8", 64},         {"int4", "int4", 64},          {"int2", "int2", 64},
+      {"kivi4", "kivi4", 64},       {"kivi2", "kivi2", 64},        {"int4-g64", "int4-g64", 8},
+      {"int2-g64", "int2-g64", 8},  {"kivi4", "int8", 64},         {"int8", "int4-g8", 64},
+      {"kivi2-g64", "bf16", 128},   {"int4-g16", "kivi2-g16", 32}, {"int4-t16", "int4-t16", 128},
+      {"int2-t16", "int4-t16", 64}, {"int4-t16", "int8", 64},      {"f16", "int4-g16-t16", 64}};
   for (const auto& pair : pairs) {
     Case c;
     c.num_tokens = 2000;
@@ -275,7 +276,7 @@ TEST(AttentionTest, IntegerCodecsAtEveryGroupAndWidth) {
   // heads per kv head in steps of 4, 2 and 1 (3, 5, 8), head_dim with 2 or 4 blocks of 16 per
   // pass and rows of one or two 64-byte halves (32 .. 256), groups of 16, 32, 64 and the whole
   // row, groups spanning two tokens at head_dim 128, KIVI keys (1 to 64 blocks of 32 query
-  // elements per unit), several tiles, sinks and pending tokens.
+  // elements per unit), -t16 tiles, several tiles, sinks and pending tokens.
   // Four times: with the tile multiplies and the integer dot-product readers (where the CPU has
   // them), with the integer readers alone, with the float readers, and on the AVX2 target with
   // its integer readers (attention_madd-inl.h), where the CPU has AVX2 (on CPUs with AVX-512 the
@@ -293,8 +294,9 @@ TEST(AttentionTest, IntegerCodecsAtEveryGroupAndWidth) {
                  : readers == 2 ? "float readers"
                                 : "AVX2 and its integer readers");
     for (int head_dim : {32, 96, 128, 256}) {
-      for (const char* name : {"int8", "int4", "int2", "int4-g16", "int4-g64", "int4-g256",
-                               "q4_absmax", "kivi2", "kivi4"}) {
+      for (const char* name :
+           {"int8", "int4", "int2", "int4-g16", "int4-g64", "int4-g256", "q4_absmax", "kivi2",
+            "kivi4", "int4-t16", "int2-t16", "int4-g16-t16"}) {
         std::string codec = name;
         if (codec == "int4-g16" && head_dim == 96) codec = "int4-g32";
         if (codec == "int4-g256" && head_dim != 128) continue;

@@ -292,9 +292,10 @@ struct CodecCase {
   int head_dim;
 };
 constexpr CodecCase kEveryCodec[] = {
-    {"f32", 64},       {"f16", 64},   {"bf16", 64},    {"fp8_e4m3", 64}, {"fp8_e5m2", 64},
-    {"int8", 64},      {"int4", 64},  {"int4-g8", 64}, {"int4-g64", 8},  {"int2-g64", 8},
-    {"q4_absmax", 64}, {"kivi4", 64}, {"kivi2", 64},
+    {"f32", 64},      {"f16", 64},      {"bf16", 64},      {"fp8_e4m3", 64},
+    {"fp8_e5m2", 64}, {"int8", 64},     {"int4", 64},      {"int4-g8", 64},
+    {"int4-g64", 8},  {"int2-g64", 8},  {"q4_absmax", 64}, {"kivi4", 64},
+    {"kivi2", 64},    {"int4-t16", 64}, {"int2-t16", 64},  {"int4-g16-t16", 64},
 };
 
 // Which side of the cache the codec under test holds; the other side keeps f16.
