@@ -344,7 +344,9 @@ TEST_P(EvictConformanceTest, KeptTokensMoveForwardAndAppendsLandNewest) {
   ExpectBytesInUse(*cache, 1);
   // The blocks that went back still count in the peak: the sequence needed them.
   EXPECT_EQ(cache->peak_bytes_in_use(), peak_before_eviction);
-  if (paged) EXPECT_LT(cache->bytes_in_use(), peak_before_eviction);
+  if (paged) {
+    EXPECT_LT(cache->bytes_in_use(), peak_before_eviction);
+  }
 
   // Appends grow every head as its newest tokens (the ring wraps again and drops the oldest).
   AppendBoth(*cache, seq, 9, rng, &history, &model);
