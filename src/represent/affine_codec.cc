@@ -94,12 +94,14 @@ class AffineCodec final : public QuantCodec {
   void ForEachRowPiece(int t, Fn&& fn) const {
     const CodecFormat& f = format();
     const size_t tokens = static_cast<size_t>(f.tile_tokens);
-    for (size_t g = 0; g < static_cast<size_t>(f.num_groups); ++g)
+    for (size_t g = 0; g < static_cast<size_t>(f.num_groups); ++g) {
       fn(4 * g, 4 * (g * tokens + t), 4);
+    }
     const size_t tile_codes = tokens * f.header_bytes;
     const size_t code_bytes = row_bytes_ - f.header_bytes;
-    if (f.role == CodecRole::kValue)
+    if (f.role == CodecRole::kValue) {
       return fn(f.header_bytes, tile_codes + t * code_bytes, code_bytes);
+    }
     for (size_t w = 0; w < code_bytes / 4; ++w) {
       fn(f.header_bytes + 4 * w, tile_codes + 4 * (w * tokens + t), 4);
     }

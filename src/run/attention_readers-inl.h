@@ -99,6 +99,17 @@ void ScaleScoresByRows(const RowSet& keys, size_t num_keys, int group, float* HW
   }
 }
 
+// Where token t's bytes lie in a -t16 tile (codec_name.h has the layout), as offsets from the
+// unit: header pair g, key code word w, and a value's code row.
+struct TileGeometry {
+  size_t num_groups = 0;
+  size_t code_offset = 0;  // bytes of the header pairs
+  size_t row_code_bytes = 0;
+  size_t HeaderPair(size_t g, size_t t) const { return 4 * (kTileTokens * g + t); }
+  size_t KeyWord(size_t w, size_t t) const { return code_offset + 4 * (kTileTokens * w + t); }
+  size_t ValueRow(size_t t) const { return code_offset + t * row_code_bytes; }
+};
+
 // How a tile's keys or values are found and read.
 enum class FillKind {
   kDirect,   // T = 1 rows read in place (floats, int8, per-token integer groups)
@@ -125,6 +136,9 @@ struct SideSpec {
   // t * row_code_bytes, which for values is the token's code row and for keys only says t);
   // only the VNNI readers read them so (the others take UntiledSide).
   bool tiled = false;
+  TileGeometry tile() const {
+    return {static_cast<size_t>(num_header_floats / 2), code_offset, row_code_bytes};
+  }
 };
 
 // The side that reads -t16 tiles as rows (FillKind::kUntiled): each token's header pairs and
@@ -136,22 +150,20 @@ inline SideSpec UntiledSide(const SideSpec& tiled) {
   return side;
 }
 
-// Copies token t of a -t16 tile `unit` (`side`'s geometry) into `row` in the untiled layout:
-// [num_groups x (scale, min)][codes].
-inline void UntileRow(const SideSpec& side, bool keys, const std::byte* unit, int t,
+// Copies token t of a -t16 tile `unit` into `row` in the untiled layout: [num_groups x (scale,
+// min)][codes].
+inline void UntileRow(const TileGeometry& tile, bool keys, const std::byte* unit, int t,
                       std::byte* row) {
-  const size_t num_groups = static_cast<size_t>(side.num_header_floats / 2);
-  for (size_t g = 0; g < num_groups; ++g) {
-    std::memcpy(row + 4 * g, unit + 4 * (kTileTokens * g + t), 4);
+  for (size_t g = 0; g < tile.num_groups; ++g) {
+    std::memcpy(row + 4 * g, unit + tile.HeaderPair(g, t), 4);
   }
-  std::byte* codes = row + 4 * num_groups;
-  const std::byte* tile_codes = unit + side.code_offset;
+  std::byte* codes = row + 4 * tile.num_groups;
   if (!keys) {
-    std::memcpy(codes, tile_codes + t * side.row_code_bytes, side.row_code_bytes);
+    std::memcpy(codes, unit + tile.ValueRow(t), tile.row_code_bytes);
     return;
   }
-  for (size_t w = 0; w < side.row_code_bytes / 4; ++w) {
-    std::memcpy(codes + 4 * w, tile_codes + 4 * (kTileTokens * w + t), 4);
+  for (size_t w = 0; w < tile.row_code_bytes / 4; ++w) {
+    std::memcpy(codes + 4 * w, unit + tile.KeyWord(w, t), 4);
   }
 }
 
@@ -194,7 +206,7 @@ void FillRows(const KvLayerView& view, const SideSpec& side, bool keys, int kv_h
         for (int r = 0; r < count; ++r) {
           const int i = logical - t0 + r;
           std::byte* out = buffer + i * row_bytes;
-          UntileRow(side, keys, arena.Unit(block_id, (row + r) / kTileTokens, kv_head),
+          UntileRow(side.tile(), keys, arena.Unit(block_id, (row + r) / kTileTokens, kv_head),
                     (row + r) % kTileTokens, out);
           set->hdrs[i] = out;
           set->rows[i] = out + header_bytes;

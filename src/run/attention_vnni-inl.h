@@ -94,11 +94,10 @@ struct VnniPlan {
   // VnniSpanOrderToElements.
   const int32_t* span_slot = nullptr;
   // -t16 tiles (SideSpec::tiled): header pairs at unit + 64 g, key code words at unit +
-  // tile_code_offset + 64 w, one lane per token (TileOf). (code_offset stays 0: values' rows
+  // tile.code_offset + 64 w, one lane per token (TileOf). (code_offset stays 0: values' rows
   // point at their codes.)
   bool tiled = false;
-  size_t tile_code_offset = 0;  // bytes of the tile's header pairs
-  size_t row_code_bytes = 0;    // code bytes of one token
+  TileGeometry tile;
 };
 
 // One query head quantised for a VnniPlan (see the file comment).
@@ -160,10 +159,7 @@ inline VnniPlan IntegerPlanShape(const SideSpec& side, size_t head_dim) {
       plan.num_groups = side.num_header_floats / 2;
       plan.absmax = side.absmax_header;
       plan.tiled = side.tiled;
-      if (side.tiled) {
-        plan.tile_code_offset = side.code_offset;
-        plan.row_code_bytes = side.row_code_bytes;
-      }
+      if (side.tiled) plan.tile = side.tile();
       if (plan.group_elems % 16 != 0 || plan.num_groups > 16 ||
           static_cast<size_t>(plan.group_elems * plan.num_groups) != head_dim) {
         return plan;
@@ -588,25 +584,26 @@ constexpr size_t kTileDwords = 16 * (16 + kVnniMaxHeadDim / 8);
 // code words) gathered into per-thread scratch laid out as a unit (valid until the next call).
 KVS_VNNI_ATTR HWY_INLINE const std::byte* TileOf(const VnniPlan& plan, const RowSet& set,
                                                  size_t key0, bool codes) {
+  const TileGeometry& tile = plan.tile;
   const std::byte* unit = set.hdrs[key0];
-  const size_t row = plan.row_code_bytes;
-  if (set.hdrs[key0 + 15] == unit && set.rows[key0] == unit + plan.tile_code_offset &&
-      set.rows[key0 + 15] == set.rows[key0] + 15 * row) {
+  if (set.hdrs[key0 + 15] == unit && set.rows[key0] == unit + tile.code_offset &&
+      set.rows[key0 + 15] == set.rows[key0] + 15 * tile.row_code_bytes) {
     return unit;
   }
-  alignas(64) thread_local uint32_t gathered[kTileDwords];
-  const size_t header_dwords = plan.tile_code_offset / 4, code_words = codes ? row / 4 : 0;
-  for (size_t k = 0; k < 16; ++k) {
+  alignas(64) thread_local std::byte gathered[4 * kTileDwords];
+  const size_t code_words = codes ? tile.row_code_bytes / 4 : 0;
+  for (size_t k = 0; k < 16; ++k) {  // lane k from token t of its unit
     const std::byte* from = set.hdrs[key0 + k];
-    const size_t t = static_cast<size_t>(set.rows[key0 + k] - from - plan.tile_code_offset) / row;
-    for (size_t d = k; d < header_dwords; d += 16)
-      std::memcpy(gathered + d, from + 4 * (d - k + t), 4);
+    const size_t t =
+        static_cast<size_t>(set.rows[key0 + k] - from - tile.code_offset) / tile.row_code_bytes;
+    for (size_t g = 0; g < tile.num_groups; ++g) {
+      std::memcpy(gathered + tile.HeaderPair(g, k), from + tile.HeaderPair(g, t), 4);
+    }
     for (size_t w = 0; w < code_words; ++w) {
-      std::memcpy(gathered + header_dwords + 16 * w + k,
-                  from + plan.tile_code_offset + 4 * (16 * w + t), 4);
+      std::memcpy(gathered + tile.KeyWord(w, k), from + tile.KeyWord(w, t), 4);
     }
   }
-  return reinterpret_cast<const std::byte*>(gathered);
+  return gathered;
 }
 
 // The (scale, min) of every group of a -t16 tile's 16 tokens as vectors over the tokens.
@@ -681,10 +678,8 @@ KVS_VNNI_ATTR void VnniScoreTileBits(const VnniPlan& plan, const RowSet& keys, c
       const int n = std::min(16, code_dwords - c0);
       __m512i cols[16];
       if constexpr (kTiled) {
-        for (int c = 0; c < n; ++c) {
-          cols[c] =
-              _mm512_loadu_si512(tile + plan.tile_code_offset + 64 * static_cast<size_t>(c0 + c));
-        }
+        for (int c = 0; c < n; ++c)
+          cols[c] = _mm512_loadu_si512(tile + plan.tile.KeyWord(c0 + c, 0));
       } else {
         LoadColumns(keys.rows + key0, plan.code_offset + 4 * static_cast<size_t>(c0), n, cols);
       }
