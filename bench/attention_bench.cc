@@ -7,8 +7,9 @@
 // Shapes: A = the model benchmark (8 kv heads, 8 query heads, head_dim 64); B = a GQA model
 // (8 kv heads, 32 query heads, head_dim 128) in every codec with a fast path. Arguments:
 // tokens, threads. Contexts of 32k and 64k tokens run with --long_contexts (the default run
-// stays near a minute); --no_tile_multiplies leaves AMX out. At the end a table gives, per
-// context and codec, the time per decode step, the cache read rate, its fraction of the
+// stays near a minute); --no_tile_multiplies leaves AMX out; --avx2 runs the kernels compiled
+// for AVX2 (the readers of AVX2-only CPUs, measured on a CPU with AVX-512). At the end a table
+// gives, per context and codec, the time per decode step, the cache read rate, its fraction of the
 // bandwidth and the speed-up over bf16 (best of --benchmark_repetitions, default 1).
 //
 // Scores/<shape>/<codec>: the cost of the attention scores selection policies read
@@ -32,6 +33,7 @@
 #include "bench_cache.h"
 #include "bench_pool.h"
 #include "benchmark/benchmark.h"
+#include "hwy/targets.h"
 #include "kvstack/codec.h"
 #include "kvstack/kv_cache.h"
 #include "run/attention.h"
@@ -354,6 +356,14 @@ int main(int argc, char** argv) {
     // The readers without AMX tile multiplies, to compare the two in one binary.
     if (std::string(argv[i]) == "--no_tile_multiplies") {
       kvstack::DisableTileMultipliesForTest(true);
+    }
+    if (std::string(argv[i]) == "--avx2") {
+      if ((hwy::SupportedTargets() & HWY_AVX2) == 0) {
+        std::fprintf(stderr, "--avx2: this CPU cannot run the AVX2 kernels\n");
+        return 1;
+      }
+      // Every target above AVX2: Highway numbers better targets with lower bits.
+      hwy::DisableTargets(HWY_AVX2 - 1);
     }
   }
   kvstack::RegisterAll(long_contexts);
