@@ -180,6 +180,38 @@ inline VnniPlan IntegerPlanShape(const SideSpec& side, size_t head_dim) {
   return plan;
 }
 
+// Dwords of a gathered tile (TileOf): up to 16 header pairs and 32 code words per token.
+constexpr size_t kTileDwords = 16 * (16 + kVnniMaxHeadDim / 8);
+
+// The -t16 tile that holds keys [key0, key0 + 16) of `set` in lane order (lane k = key0 + k):
+// the unit itself where those keys are its 16 tokens in order (the common case: decode's parts
+// and tiles start on unit boundaries), else a copy of their header pairs (and with `codes`, their
+// code words) gathered into per-thread scratch laid out as a unit (valid until the next call).
+// (For every target: the VNNI readers' and the AVX2 ones' (attention_madd-inl.h).)
+HWY_INLINE const std::byte* TileOf(const VnniPlan& plan, const RowSet& set, size_t key0,
+                                   bool codes) {
+  const TileGeometry& tile = plan.tile;
+  const std::byte* unit = set.hdrs[key0];
+  if (set.hdrs[key0 + 15] == unit && set.rows[key0] == unit + tile.code_offset &&
+      set.rows[key0 + 15] == set.rows[key0] + 15 * tile.row_code_bytes) {
+    return unit;
+  }
+  alignas(64) thread_local std::byte gathered[4 * kTileDwords];
+  const size_t code_words = codes ? tile.row_code_bytes / 4 : 0;
+  for (size_t k = 0; k < 16; ++k) {  // lane k from token t of its unit
+    const std::byte* from = set.hdrs[key0 + k];
+    const size_t t =
+        static_cast<size_t>(set.rows[key0 + k] - from - tile.code_offset) / tile.row_code_bytes;
+    for (size_t g = 0; g < tile.num_groups; ++g) {
+      std::memcpy(gathered + tile.HeaderPair(g, k), from + tile.HeaderPair(g, t), 4);
+    }
+    for (size_t w = 0; w < code_words; ++w) {
+      std::memcpy(gathered + tile.KeyWord(w, k), from + tile.KeyWord(w, t), 4);
+    }
+  }
+  return gathered;
+}
+
 #if HWY_TARGET == HWY_AVX3
 
 // VNNI for the dot products, VBMI for the byte permutes of the value codes, on top of the
@@ -573,37 +605,6 @@ KVS_VNNI_ATTR HWY_INLINE void ScoreColumns(const VnniPlan& plan, const __m512i* 
     }
   }
   for (int j = 0; j < kNumQ; ++j) _mm512_storeu_ps(s + j * s_stride, total[j]);
-}
-
-// Dwords of a gathered tile (TileOf): up to 16 header pairs and 32 code words per token.
-constexpr size_t kTileDwords = 16 * (16 + kVnniMaxHeadDim / 8);
-
-// The -t16 tile that holds keys [key0, key0 + 16) of `set` in lane order (lane k = key0 + k):
-// the unit itself where those keys are its 16 tokens in order (the common case: decode's parts
-// and tiles start on unit boundaries), else a copy of their header pairs (and with `codes`, their
-// code words) gathered into per-thread scratch laid out as a unit (valid until the next call).
-KVS_VNNI_ATTR HWY_INLINE const std::byte* TileOf(const VnniPlan& plan, const RowSet& set,
-                                                 size_t key0, bool codes) {
-  const TileGeometry& tile = plan.tile;
-  const std::byte* unit = set.hdrs[key0];
-  if (set.hdrs[key0 + 15] == unit && set.rows[key0] == unit + tile.code_offset &&
-      set.rows[key0 + 15] == set.rows[key0] + 15 * tile.row_code_bytes) {
-    return unit;
-  }
-  alignas(64) thread_local std::byte gathered[4 * kTileDwords];
-  const size_t code_words = codes ? tile.row_code_bytes / 4 : 0;
-  for (size_t k = 0; k < 16; ++k) {  // lane k from token t of its unit
-    const std::byte* from = set.hdrs[key0 + k];
-    const size_t t =
-        static_cast<size_t>(set.rows[key0 + k] - from - tile.code_offset) / tile.row_code_bytes;
-    for (size_t g = 0; g < tile.num_groups; ++g) {
-      std::memcpy(gathered + tile.HeaderPair(g, k), from + tile.HeaderPair(g, t), 4);
-    }
-    for (size_t w = 0; w < code_words; ++w) {
-      std::memcpy(gathered + tile.KeyWord(w, k), from + tile.KeyWord(w, t), 4);
-    }
-  }
-  return gathered;
 }
 
 // The (scale, min) of every group of a -t16 tile's 16 tokens as vectors over the tokens.
