@@ -18,8 +18,9 @@
 //                           lets models with small heads (stories260K: 8) group at all.
 //   int4[-g<N>]-t16, int2[-g<N>]-t16  the same codes and bits in units of 16 tokens stored by
 //                           column (groups within a row; head_dim x bits a multiple of 32), so
-//                           that the AVX-512 VNNI decode readers load 16 tokens per vector with no
-//                           transposes (src/represent/codec_name.h has the layout)
+//                           that the AVX-512 VNNI decode readers load 16 tokens per vector (the
+//                           AVX2 ones 8) with no transposes (src/represent/codec_name.h has the
+//                           layout)
 //   q4_absmax               baseline (llama.cpp q4_0's idea): symmetric 4-bit, one F16 absmax
 //                           scale per block of min(32, head_dim) elements of a token's row
 //   kivi4[-g<G>], kivi2[-g<G>]  KIVI: as keys, per channel over groups of G tokens (default

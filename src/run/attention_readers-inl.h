@@ -134,7 +134,7 @@ struct SideSpec {
   // -t16 tiles (codec_name.h): units of 16 tokens whose header pairs (and key codes) are stored
   // by column. FillRows fills them as spanned units (hdrs: the unit; rows: unit + code_offset +
   // t * row_code_bytes, which for values is the token's code row and for keys only says t);
-  // only the VNNI readers read them so (the others take UntiledSide).
+  // only the VNNI and AVX2 integer readers read them so (the others take UntiledSide).
   bool tiled = false;
   TileGeometry tile() const {
     return {static_cast<size_t>(num_header_floats / 2), code_offset, row_code_bytes};
@@ -1020,8 +1020,8 @@ SideSpec ArenaSide(const KvLayerView& view, const KvArenaView& arena, bool keys,
   if (is_int && group_tokens == kTileTokens && arena.unit_bytes % kTileTokens == 0 &&
       tile_row_bytes > row_code_bytes && (tile_row_bytes - row_code_bytes) % 4 == 0 &&
       row_code_bytes % 4 == 0) {
-    // -t16 tiles: 16 rows of per-token groups (codec_name.h), read whole by the VNNI readers,
-    // by rows copied out of them elsewhere (UntiledSide).
+    // -t16 tiles: 16 rows of per-token groups (codec_name.h), read whole by the VNNI and AVX2
+    // readers, by rows copied out of them elsewhere (UntiledSide).
     const size_t num_groups = (tile_row_bytes - row_code_bytes) / 4;
     if (head_dim % num_groups != 0 || 2 * num_groups > static_cast<size_t>(kMaxHeaderFloats)) {
       return side;
