@@ -238,29 +238,35 @@ HWY_INLINE __m256 SplitHalves(__m256i x, __m256* high) {
   return _mm256_cvtph_ps(_mm256_castsi256_si128(packed));
 }
 
-// The -t16 tile of the 8 keys from key0 (a multiple of 8), and in *half which 32 bytes of each of
-// its 64-byte columns they are: TileOf for the 16 keys from key0 rounded down to a multiple of 16
-// (valid until the next call, which the second half need not make).
-HWY_INLINE const std::byte* TileOf8(const VnniPlan& plan, const RowSet& set, size_t key0,
-                                    bool codes, const std::byte* first_half, size_t* half) {
-  *half = key0 % 16 / 8;
-  return *half == 1 && first_half != nullptr ? first_half
-                                             : TileOf(plan, set, key0 - key0 % 16, codes);
+// Where 8 keys of a -t16 tile lie: the tile (TileOf) and which 32-byte half of its 64-byte
+// columns (a header pair or code word per key) is theirs.
+struct TileHalf {
+  const std::byte* tile = nullptr;
+  size_t half = 0;
+};
+
+// TileHalf of the 8 keys from key0 (a multiple of 8): TileOf for the 16 keys from key0 rounded
+// down to a multiple of 16, or for the second half that of `last`, the first half's (TileOf's
+// copy is valid until its next call).
+HWY_INLINE TileHalf TileOf8(const VnniPlan& plan, const RowSet& set, size_t key0, bool codes,
+                            const TileHalf& last) {
+  if (key0 % 16 == 8 && last.tile != nullptr) return {last.tile, 1};
+  return {TileOf(plan, set, key0 - key0 % 16, codes), key0 % 16 / 8};
+}
+
+// The (scale, min) of every group of 8 keys of a -t16 tile as vectors over the keys.
+HWY_INLINE void LoadTileScales8(const VnniPlan& plan, const TileHalf& at, __m256* scale,
+                                __m256* min) {
+  for (int g = 0; g < plan.num_groups; ++g) {
+    const std::byte* pairs = at.tile + 64 * g + 32 * at.half;
+    scale[g] = SplitHalves(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pairs)), &min[g]);
+  }
 }
 
 // The (scale, min) of every group of the 8 keys from key0, as vectors over the keys (int8 rows:
-// their f16 scale, min 0; -t16 tiles: `tile` from TileOf8, whose header pairs are 8 dwords of
-// its columns).
+// their f16 scale, min 0).
 HWY_INLINE void LoadGroupScales8(const VnniPlan& plan, const RowSet& keys, size_t key0,
-                                 __m256* scale, __m256* min, const std::byte* tile = nullptr,
-                                 size_t half = 0) {
-  if (plan.tiled) {
-    for (int g = 0; g < plan.num_groups; ++g) {
-      scale[g] = SplitHalves(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 64 * g + 32 * half)), &min[g]);
-    }
-    return;
-  }
+                                 __m256* scale, __m256* min) {
   if (plan.bits == 8) {
     scale[0] = LoadRowScales(hn::CappedTag<float, 8>(), keys.hdrs + key0).raw;
     min[0] = _mm256_setzero_ps();
@@ -334,7 +340,7 @@ template <int kBits, int kBlockElems>
 void MaddScoreTileBits(const VnniPlan& plan, const RowSet& keys, const RowSet& values,
                        size_t num_keys, const VnniQuery* q, int group, float* s, size_t s_stride) {
   const int code_dwords = static_cast<int>(plan.head_dim) * kBits / 32;
-  const std::byte* tile = nullptr;  // -t16 tiles: that of the last 8 keys
+  TileHalf at;  // -t16 tiles: where the last 8 keys lie
   for (size_t key0 = 0; key0 < num_keys; key0 += kMaddKeys) {
     for (size_t k = key0; k < key0 + kMaddKeys; k += 4) {
       PrefetchAhead(keys, k, num_keys);
@@ -343,10 +349,9 @@ void MaddScoreTileBits(const VnniPlan& plan, const RowSet& keys, const RowSet& v
     __m256 scale[16], min[16];
     __m256i cols[kVnniMaxHeadDim / 8];  // 4-bit codes: 8 elements per dword
     if (plan.tiled) {  // plain loads of 32 bytes of the tile's columns, no transposes
-      size_t half;
-      tile = TileOf8(plan, keys, key0, true, tile, &half);
-      LoadGroupScales8(plan, keys, key0, scale, min, tile, half);
-      const std::byte* codes = tile + plan.tile.code_offset + 32 * half;
+      at = TileOf8(plan, keys, key0, true, at);
+      LoadTileScales8(plan, at, scale, min);
+      const std::byte* codes = at.tile + plan.tile.code_offset + 32 * at.half;
       for (int c = 0; c < code_dwords; ++c) {
         cols[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * c));
       }
@@ -625,13 +630,12 @@ void MaddQuantiseWeights(const VnniPlan& plan, const RowSet& values, size_t num_
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   __m256 scale_max[16];
   for (int g = 0; g < num_groups; ++g) scale_max[g] = _mm256_setzero_ps();
-  const std::byte* tile = nullptr;  // -t16 tiles: that of the last 8 keys
+  TileHalf at;  // -t16 tiles: where the last 8 keys lie
   for (size_t key0 = 0; key0 < num_keys8; key0 += kMaddKeys) {
     __m256 scale[16], min[16];
     if (plan.tiled) {
-      size_t half;
-      tile = TileOf8(plan, values, key0, false, tile, &half);
-      LoadGroupScales8(plan, values, key0, scale, min, tile, half);
+      at = TileOf8(plan, values, key0, false, at);
+      LoadTileScales8(plan, at, scale, min);
     } else {
       LoadGroupScales8(plan, values, key0, scale, min);
     }
