@@ -24,7 +24,11 @@ class AffineCodec final : public QuantCodec {
     // What EncodeGroups and DecodeGroups handle at once: a whole unit, or one row of a tile.
     group_unit_elems_ =
         static_cast<size_t>(format.tile_tokens > 0 ? 1 : format.group_tokens) * format.head_dim;
-    row_bytes_ = format.tile_tokens > 0 ? format.unit_bytes / format.tile_tokens : 0;
+    if (format.tile_tokens > 0) {
+      const size_t row_bytes = format.unit_bytes / format.tile_tokens;
+      tile_ = {static_cast<size_t>(format.num_groups), kTileTokens * format.header_bytes,
+               row_bytes - format.header_bytes};
+    }
   }
 
  private:
@@ -34,9 +38,10 @@ class AffineCodec final : public QuantCodec {
     std::byte row[kMaxRowBytes];
     for (int t = 0; t < tile; ++t) {
       EncodeGroups(src + static_cast<size_t>(t) * format().head_dim, row);
-      ForEachRowPiece(t, [&](size_t in_row, size_t in_tile, size_t n) {
-        std::memcpy(dst + in_tile, row + in_row, n);
-      });
+      tile_.ForEachRowPiece(keys(), static_cast<size_t>(t),
+                            [&](size_t in_row, size_t in_tile, size_t n) {
+                              std::memcpy(dst + in_tile, row + in_row, n);
+                            });
     }
   }
 
@@ -45,9 +50,10 @@ class AffineCodec final : public QuantCodec {
     if (tile == 0) return DecodeGroups(src, dst);
     std::byte row[kMaxRowBytes];
     for (int t = 0; t < tile; ++t) {
-      ForEachRowPiece(t, [&](size_t in_row, size_t in_tile, size_t n) {
-        std::memcpy(row + in_row, src + in_tile, n);
-      });
+      tile_.ForEachRowPiece(keys(), static_cast<size_t>(t),
+                            [&](size_t in_row, size_t in_tile, size_t n) {
+                              std::memcpy(row + in_row, src + in_tile, n);
+                            });
       DecodeGroups(row, dst + static_cast<size_t>(t) * format().head_dim);
     }
   }
@@ -88,24 +94,7 @@ class AffineCodec final : public QuantCodec {
     }
   }
 
-  // Where row t of a tile lies (codec_name.h's tile layout): fn(offset in the untiled row,
-  // offset in the tile, bytes) for each piece.
-  template <typename Fn>
-  void ForEachRowPiece(int t, Fn&& fn) const {
-    const CodecFormat& f = format();
-    const size_t tokens = static_cast<size_t>(f.tile_tokens);
-    for (size_t g = 0; g < static_cast<size_t>(f.num_groups); ++g) {
-      fn(4 * g, 4 * (g * tokens + t), 4);
-    }
-    const size_t tile_codes = tokens * f.header_bytes;
-    const size_t code_bytes = row_bytes_ - f.header_bytes;
-    if (f.role == CodecRole::kValue) {
-      return fn(f.header_bytes, tile_codes + t * code_bytes, code_bytes);
-    }
-    for (size_t w = 0; w < code_bytes / 4; ++w) {
-      fn(f.header_bytes + 4 * w, tile_codes + 4 * (w * tokens + t), 4);
-    }
-  }
+  bool keys() const { return format().role == CodecRole::kKey; }
 
   // Bytes of one row of a tile: (scale, min) pairs of 2-element groups at most, plus the codes.
   static constexpr size_t kMaxRowBytes = 4 * 4096 / 2 + 4096 / 2;
@@ -113,7 +102,7 @@ class AffineCodec final : public QuantCodec {
   size_t group_first_step_ = 0;
   size_t element_stride_ = 1;
   size_t group_unit_elems_ = 0;
-  size_t row_bytes_ = 0;  // tiles: bytes of one row
+  TileGeometry tile_;  // tiles: where each row's pieces lie (codec_name.h)
 };
 
 }  // namespace

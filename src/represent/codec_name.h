@@ -82,6 +82,27 @@ struct CodecFormat {
 // Tokens per tile of the -t16 layout.
 inline constexpr int kTileTokens = 16;
 
+// Where token t's bytes lie in a -t16 tile (the layout above), as offsets from the tile: header
+// pair g, key code word w, and a value's code row. The codec (encode, decode) and the decode
+// readers (src/run) both take the layout from here.
+struct TileGeometry {
+  size_t num_groups = 0;
+  size_t code_offset = 0;  // bytes of the header pairs: kTileTokens * 4 * num_groups
+  size_t row_code_bytes = 0;
+  size_t HeaderPair(size_t g, size_t t) const { return 4 * (kTileTokens * g + t); }
+  size_t KeyWord(size_t w, size_t t) const { return code_offset + 4 * (kTileTokens * w + t); }
+  size_t ValueRow(size_t t) const { return code_offset + t * row_code_bytes; }
+  // fn(offset in the untiled row, offset in the tile, bytes) for each piece of token t's row
+  // ([num_groups x (scale, min)][codes]), keys word by word, values as one run.
+  template <typename Fn>
+  void ForEachRowPiece(bool keys, size_t t, Fn&& fn) const {
+    for (size_t g = 0; g < num_groups; ++g) fn(4 * g, HeaderPair(g, t), size_t{4});
+    const size_t codes = 4 * num_groups;
+    if (!keys) return fn(codes, ValueRow(t), row_code_bytes);
+    for (size_t w = 0; w < row_code_bytes / 4; ++w) fn(codes + 4 * w, KeyWord(w, t), size_t{4});
+  }
+};
+
 // Resolves `name` for rows of `head_dim` elements (1..4096) in `role`. InvalidArgument when
 // the group does not fit head_dim: an int group that neither divides head_dim nor is a
 // multiple of it, a kivi value group min(G, head_dim) or a q4_absmax block min(32, head_dim)

@@ -99,17 +99,6 @@ void ScaleScoresByRows(const RowSet& keys, size_t num_keys, int group, float* HW
   }
 }
 
-// Where token t's bytes lie in a -t16 tile (codec_name.h has the layout), as offsets from the
-// unit: header pair g, key code word w, and a value's code row.
-struct TileGeometry {
-  size_t num_groups = 0;
-  size_t code_offset = 0;  // bytes of the header pairs
-  size_t row_code_bytes = 0;
-  size_t HeaderPair(size_t g, size_t t) const { return 4 * (kTileTokens * g + t); }
-  size_t KeyWord(size_t w, size_t t) const { return code_offset + 4 * (kTileTokens * w + t); }
-  size_t ValueRow(size_t t) const { return code_offset + t * row_code_bytes; }
-};
-
 // How a tile's keys or values are found and read.
 enum class FillKind {
   kDirect,   // T = 1 rows read in place (floats, int8, per-token integer groups)
@@ -154,17 +143,9 @@ inline SideSpec UntiledSide(const SideSpec& tiled) {
 // min)][codes].
 inline void UntileRow(const TileGeometry& tile, bool keys, const std::byte* unit, int t,
                       std::byte* row) {
-  for (size_t g = 0; g < tile.num_groups; ++g) {
-    std::memcpy(row + 4 * g, unit + tile.HeaderPair(g, t), 4);
-  }
-  std::byte* codes = row + 4 * tile.num_groups;
-  if (!keys) {
-    std::memcpy(codes, unit + tile.ValueRow(t), tile.row_code_bytes);
-    return;
-  }
-  for (size_t w = 0; w < tile.row_code_bytes / 4; ++w) {
-    std::memcpy(codes + 4 * w, unit + tile.KeyWord(w, t), 4);
-  }
+  tile.ForEachRowPiece(keys, static_cast<size_t>(t), [&](size_t in_row, size_t in_tile, size_t n) {
+    std::memcpy(row + in_row, unit + in_tile, n);
+  });
 }
 
 // Fills rows[0, t1 - t0) for one side, padded to a multiple of 4 with the last row.
