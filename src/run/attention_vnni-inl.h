@@ -1357,15 +1357,13 @@ constexpr float MiddleCode(int bits) { return static_cast<float>((1 << bits) - 1
 // registers (QuantiseWeights has the layout). The weight of key k is p'[k] s'[k] with
 // p' = p · p_factor (32767, or 255, over the head's largest p) and s' = hs · s_factor (1 over the
 // group's largest |scale|).
-//   p_factor: [kNumQ]; s_factor: [num_groups]; hs, hm: [num_groups][num_keys16];
-//   w_scale: [group][num_groups]
+//   p_factor: [kNumQ]; s_factor: [num_groups]; hs, hm: [num_groups][num_keys16]
 template <int kNumQ, int kSlice>
 KVS_VNNI_ATTR HWY_INLINE void QuantiseWeightSlice(const VnniPlan& plan, size_t num_keys16,
                                                   const float* p, size_t p_stride,
                                                   const float* p_factor, const float* s_factor,
                                                   const float* hs, const float* hm, int j0, int g0,
-                                                  const float* w_scale, int32_t* weights,
-                                                  float* min_sum) {
+                                                  int32_t* weights, float* min_sum) {
   const int num_groups = plan.num_groups;
   const size_t num_pairs = num_keys16 / 2;
   // Span-read pairs of groups (VnniPlan::span_groups 2) interleave their dwords: pair u of
@@ -1375,13 +1373,9 @@ KVS_VNNI_ATTR HWY_INLINE void QuantiseWeightSlice(const VnniPlan& plan, size_t n
   const __m512i interleave =
       _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   __m512 p_scale[kNumQ], s_scale[kSlice], sums[kNumQ][kSlice];
-  __m512i weight_sums[kNumQ][kSlice];  // u8 weights: the integer weights summed
   for (int jj = 0; jj < kNumQ; ++jj) {
     p_scale[jj] = _mm512_set1_ps(p_factor[jj]);
-    for (int gg = 0; gg < kSlice; ++gg) {
-      sums[jj][gg] = _mm512_setzero_ps();
-      weight_sums[jj][gg] = _mm512_setzero_si512();
-    }
+    for (int gg = 0; gg < kSlice; ++gg) sums[jj][gg] = _mm512_setzero_ps();
   }
   for (int gg = 0; gg < kSlice; ++gg) s_scale[gg] = _mm512_set1_ps(s_factor[g0 + gg]);
   for (size_t k = 0; k < num_keys16; k += 16) {
@@ -1399,10 +1393,8 @@ KVS_VNNI_ATTR HWY_INLINE void QuantiseWeightSlice(const VnniPlan& plan, size_t n
         for (int gg = 0; gg < kSlice; ++gg) {
           sums[jj][gg] = _mm512_fmadd_ps(pj, min[gg], sums[jj][gg]);
           // (max with 0: a NaN weight, INT_MIN, would saturate to 255)
-          const __m512i weight = _mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(pn, scale[gg])),
-                                                  _mm512_setzero_si512());
-          weight_sums[jj][gg] = _mm512_add_epi32(weight_sums[jj][gg], weight);
-          quads[gg] = _mm512_cvtusepi32_epi8(weight);
+          quads[gg] = _mm512_cvtusepi32_epi8(_mm512_max_epi32(
+              _mm512_cvtps_epi32(_mm512_mul_ps(pn, scale[gg])), _mm512_setzero_si512()));
           if (!interleaved) {
             _mm_storeu_si128(reinterpret_cast<__m128i*>(row + gg * num_pairs + k / 4), quads[gg]);
           } else if (gg % 2 == 1) {
@@ -1429,16 +1421,9 @@ KVS_VNNI_ATTR HWY_INLINE void QuantiseWeightSlice(const VnniPlan& plan, size_t n
       }
     }
   }
-  // u8 weights: the sums are taken with codes less the middle code (the minima, hm, have it
-  // back), what the weights' rounding moves them by then centred on the group's middle: minus
-  // the middle code times what the weights sum to.
-  const float middle = plan.value_quads ? MiddleCode(plan.bits) : 0.0f;
   for (int jj = 0; jj < kNumQ; ++jj) {
     for (int gg = 0; gg < kSlice; ++gg) {
-      const int h = (j0 + jj) * num_groups + g0 + gg;
-      min_sum[h] =
-          _mm512_reduce_add_ps(sums[jj][gg]) -
-          middle * w_scale[h] * static_cast<float>(_mm512_reduce_add_epi32(weight_sums[jj][gg]));
+      min_sum[(j0 + jj) * num_groups + g0 + gg] = _mm512_reduce_add_ps(sums[jj][gg]);
     }
   }
 }
@@ -1468,6 +1453,39 @@ KVS_VNNI_ATTR HWY_INLINE void SplitGroupScales(const VnniPlan& plan, const RowSe
     }
   }
   for (int g = 0; g < num_groups; ++g) s_max[g] = _mm512_reduce_max_ps(scale_max[g]);
+}
+
+// u8 weights (value_quads): the sums are taken as if each code were less its group's middle m
+// (the minima, hm, have m scale back): m W times what each head and group's integer weights sum
+// to comes off its minima's sum. Those sums by vpdpbusd against ones over the stored weights
+// (four per dword; pairs of groups in alternate dwords where interleaved).
+KVS_VNNI_ATTR void CentreQuadWeights(const VnniPlan& plan, size_t num_keys16, int group,
+                                     const int32_t* weights, const float* w_scale, float* min_sum) {
+  const int num_groups = plan.num_groups;
+  const size_t num_pairs = num_keys16 / 2;
+  const bool interleaved = plan.span_groups == 2;
+  const size_t dwords = interleaved ? num_pairs : num_keys16 / 4;  // per row that holds weights
+  const __m512i ones = _mm512_set1_epi8(1);
+  const float middle = MiddleCode(plan.bits);
+  for (int j = 0; j < group; ++j) {
+    for (int g = 0; g < num_groups; g += interleaved ? 2 : 1) {
+      const size_t h = static_cast<size_t>(j) * num_groups + g;
+      const int32_t* row = weights + h * num_pairs;
+      __m512i sums = _mm512_setzero_si512();
+      for (size_t i = 0; i < dwords; i += 16) {
+        const __mmask16 mask = dwords - i >= 16 ? 0xFFFF : (1u << (dwords - i)) - 1;
+        sums = _mm512_dpbusd_epi32(sums, _mm512_maskz_loadu_epi32(mask, row + i), ones);
+      }
+      if (!interleaved) {
+        min_sum[h] -= middle * w_scale[h] * static_cast<float>(_mm512_reduce_add_epi32(sums));
+        continue;
+      }
+      min_sum[h] -=
+          middle * w_scale[h] * static_cast<float>(_mm512_mask_reduce_add_epi32(0x5555, sums));
+      min_sum[h + 1] -=
+          middle * w_scale[h + 1] * static_cast<float>(_mm512_mask_reduce_add_epi32(0xAAAA, sums));
+    }
+  }
 }
 
 // The int16 (value_quads: u8) weights of a tile's values for `group` heads (AccumulateSpans,
@@ -1524,7 +1542,7 @@ KVS_VNNI_ATTR void QuantiseWeights(const VnniPlan& plan, const RowSet& values, s
       slice = num_groups - g >= 4 ? 4 : num_groups - g >= 2 ? 2 : 1;
 #define KVS_SLICE(kNumQ, kSlice)                                                                   \
   QuantiseWeightSlice<kNumQ, kSlice>(plan, num_keys16, p, p_stride, p_factor.data() + j, s_factor, \
-                                     hs, hm, j, g, w_scale, weights, min_sum)
+                                     hs, hm, j, g, weights, min_sum)
 #define KVS_SLICES(kNumQ) \
   (slice == 4 ? KVS_SLICE(kNumQ, 4) : slice == 2 ? KVS_SLICE(kNumQ, 2) : KVS_SLICE(kNumQ, 1))
       num_q == 4 ? KVS_SLICES(4) : num_q == 2 ? KVS_SLICES(2) : KVS_SLICES(1);
@@ -1532,6 +1550,7 @@ KVS_VNNI_ATTR void QuantiseWeights(const VnniPlan& plan, const RowSet& values, s
 #undef KVS_SLICE
     }
   }
+  if (plan.value_quads) CentreQuadWeights(plan, num_keys16, group, weights, w_scale, min_sum);
 }
 
 // Weighted sum of a tile's values (rows padded to a multiple of 16) into the running states of
