@@ -27,8 +27,7 @@
 // most 1/254 of that bound).
 //
 // Values: see VnniAccumulateTile (int16 weights, vpdpwssd over pairs of keys; 4- and 2-bit codes
-// by 16-byte spans, AccumulateSpans, and for affine groups u8 weights, vpdpbusd over four keys,
-// AccumulateQuadSpans).
+// by 16-byte spans, AccumulateSpans).
 //
 // Formats: int8 rows ([f16 scale][int8 codes], codes offset by +128 to unsigned and corrected),
 // integer groups of 4 or 2 bits with (scale, min) pairs per group of >= 16 elements in the row
@@ -91,11 +90,6 @@ struct VnniPlan {
   int span_groups = 1;
   // The vpermt2b indexes of AccumulateSpans: [span_groups - 1][span within the load].
   const uint8_t (*span_index)[2][64] = nullptr;
-  // Span-read values with u8 weights, four keys per dword (AccumulateQuadSpans), where every
-  // scale is >= 0 (affine groups; q4_absmax's d carries a sign and keeps int16 pairs), and
-  // their two vpermt2b indexes (QuadIndexes).
-  bool value_quads = false;
-  const struct QuadIndexes* quad_index = nullptr;
   // The state slot that holds each element (the inverse of SpanElement), for
   // VnniSpanOrderToElements.
   const int32_t* span_slot = nullptr;
@@ -117,8 +111,7 @@ struct VnniQuery {
   int16_t words[kVnniMaxHeadDim];
 };
 
-// A tile's int16 value weights, two keys per dword (u8 for value_quads, four keys per dword, the
-// first num_pairs / 2 of each row), [group][num_groups][num_pairs], with each head
+// A tile's int16 value weights, two keys per dword, [group][num_groups][num_pairs], with each head
 // and group's step and minima's sum, [group][num_groups] (VnniAccumulateTile and the AVX2
 // readers' MaddAccumulateTile): per-thread scratch that only grows.
 struct ValueWeights {
@@ -307,37 +300,6 @@ const uint8_t (*SpanIndexes())[2][64] {
   return kIndexes.index;
 }
 
-// AccumulateQuadSpans' vpermt2b indexes: `pair` interleaves the 32 bytes loaded from two keys
-// (byte b of the first at 2 b, of the second at 2 b + 1); quad[span_groups - 1][s] then puts
-// byte SpanByte(i) of span s (within the load) of four keys, from two such vectors, into the
-// four bytes of dword i, in key order (the span order of AccumulateSpans, four keys deep).
-struct QuadIndexes {
-  alignas(64) uint8_t pair[64];
-  alignas(64) uint8_t quad[2][2][64];
-};
-
-const QuadIndexes* QuadIndexesOnce() {
-  static const QuadIndexes kIndexes = [] {
-    QuadIndexes t{};
-    for (int b = 0; b < 32; ++b) {
-      t.pair[2 * b] = static_cast<uint8_t>(b);
-      t.pair[2 * b + 1] = static_cast<uint8_t>(64 + b);
-    }
-    for (int g = 0; g < 2; ++g) {
-      for (int span = 0; span < 2; ++span) {
-        for (int i = 0; i < 16; ++i) {
-          const int word = 16 * span + SpanByte(i, g + 1);  // the byte's word in both vectors
-          for (int k = 0; k < 4; ++k) {
-            t.quad[g][span][4 * i + k] = static_cast<uint8_t>(k / 2 * 64 + 2 * word + k % 2);
-          }
-        }
-      }
-    }
-    return t;
-  }();
-  return &kIndexes;
-}
-
 const VnniTables& VnniTablesFor(int bits) {
   static const auto kTables = [] {
     std::array<VnniTables, 3> tables{};  // bits 8, 4, 2
@@ -383,8 +345,6 @@ VnniPlan PlanVnni(const SideSpec& side, size_t head_dim, size_t lanes) {
     plan.span_groups = group_bytes == 8 ? 2 : 1;
     plan.span_index = SpanIndexes();
     plan.span_slot = SpanSlots(plan.bits, plan.span_groups);
-    plan.value_quads = !plan.absmax;
-    plan.quad_index = QuadIndexesOnce();
   }
   return plan;
 }
@@ -1004,13 +964,6 @@ void VnniScoreTile(const VnniPlan& plan, const RowSet& keys, const RowSet& value
 // into each i32 lane e; the minima contribute sum_t p_j[t] * min_g[t] per group, in floats.
 // Each weight is off by at most W / 2 (1.5e-5 of the tile's largest weight); at most 256 keys
 // of |code| <= 127 keep the i32 sums below 2^31 (2 * 32767 * 127 * 128 < 2^31).
-// 4- and 2-bit affine values (VnniPlan::value_quads) take u8 weights instead, W = max w / 255,
-// four keys per vpdpbusd: half the dot products. Each weight is then off by up to 1/510 of the
-// largest, and what that moves a sum by grows with the codes it multiplies, so the sums are
-// taken as if the codes were centred on their group's middle m = (2^bits - 1) / 2: sum w (c - m)
-// = sum w c - m sum w, with the integer weights' own sum, and the minima become min + m scale.
-// In the tests the outputs' RMS distance to attention over unquantised values then grows by at
-// most 2 % over the codec's own (up to 2.85x uncentred); see docs/representation-speed.md.
 
 // The 16 value elements of one block of the key pair whose code bytes are x0 and x1 (the
 // 64-byte halves of the two rows that hold the block), as int16 pairs (code of the first row,
@@ -1175,106 +1128,6 @@ KVS_VNNI_ATTR HWY_INLINE void AccumulateSpans(const VnniPlan& plan, const RowSet
   for (int i = 0; i < kNumQ * kSpans * kParts; ++i) out[i] = acc[i];
 }
 
-// AccumulateSpans with u8 weights, four keys per dword (VnniPlan::value_quads): per four keys and
-// two spans, two vpermt2b interleave the keys in pairs and two more put byte SpanByte(i) of each
-// span from all four into dword i; each part is shifted and masked out and one vpdpbusd per
-// head adds four keys' weight times code into each i32 lane. Half the dot products of int16
-// pairs, for the same permutes per byte. Same out[] as AccumulateSpans (each part's own sum).
-//   weights[j * kSpans + s]: head j's u8 weights for span s0 + s, four keys per dword (kGroups
-//   1), or two dwords per four keys (kGroups 2: the span's two groups, alternating lanes)
-// kSpans 16-byte spans from `at` in the low bytes of a vector (the rest undefined).
-template <int kSpans>
-KVS_VNNI_ATTR HWY_INLINE __m512i LoadSpans(const std::byte* at) {
-  if constexpr (kSpans == 2) {
-    return _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
-  } else {
-    return _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
-  }
-}
-
-template <int kBits, int kNumQ, int kSpans, int kGroups>
-KVS_VNNI_ATTR HWY_INLINE void AccumulateQuadSpans(const VnniPlan& plan, const RowSet& values,
-                                                  size_t num_quads, const int32_t* const* weights,
-                                                  int s0, __m512i* out) {
-  constexpr int kParts = 8 / kBits;
-  const size_t offset = plan.code_offset + 16 * static_cast<size_t>(s0);
-  const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << kBits) - 1));
-  const __m512i pair_index =
-      _mm512_load_si512(reinterpret_cast<const __m512i*>(plan.quad_index->pair));
-  __m512i quad_index[kSpans];
-#pragma GCC unroll 2
-  for (int s = 0; s < kSpans; ++s) {
-    quad_index[s] =
-        _mm512_load_si512(reinterpret_cast<const __m512i*>(plan.quad_index->quad[kGroups - 1][s]));
-  }
-  const int32_t* w[kNumQ * kSpans];
-  __m512i acc[kNumQ * kSpans * kParts];
-#pragma GCC unroll 16
-  for (int i = 0; i < kNumQ * kSpans; ++i) w[i] = weights[i];
-#pragma GCC unroll 16
-  for (int i = 0; i < kNumQ * kSpans * kParts; ++i) acc[i] = _mm512_setzero_si512();
-  const std::byte* const* rows = values.rows;
-  for (size_t u = 0; u < num_quads; ++u) {
-    const __m512i pair01 =
-        _mm512_permutex2var_epi8(LoadSpans<kSpans>(rows[4 * u] + offset), pair_index,
-                                 LoadSpans<kSpans>(rows[4 * u + 1] + offset));
-    const __m512i pair23 =
-        _mm512_permutex2var_epi8(LoadSpans<kSpans>(rows[4 * u + 2] + offset), pair_index,
-                                 LoadSpans<kSpans>(rows[4 * u + 3] + offset));
-    __m512i codes[kSpans * kParts];
-#pragma GCC unroll 2
-    for (int s = 0; s < kSpans; ++s) {
-      const __m512i bytes = _mm512_permutex2var_epi8(pair01, quad_index[s], pair23);
-#pragma GCC unroll 4
-      for (int r = 0; r < kParts; ++r) {
-        codes[s * kParts + r] =
-            _mm512_and_si512(r == 0 ? bytes : _mm512_srli_epi16(bytes, r * kBits), mask);
-      }
-    }
-#pragma GCC unroll 4
-    for (int j = 0; j < kNumQ; ++j) {
-#pragma GCC unroll 2
-      for (int s = 0; s < kSpans; ++s) {
-        const int32_t* ws = w[j * kSpans + s];
-        __m512i weight;
-        if constexpr (kGroups == 1) {
-          weight = _mm512_set1_epi32(ws[u]);
-        } else {
-          int64_t both;
-          std::memcpy(&both, ws + 2 * u, sizeof(both));
-          weight = _mm512_set1_epi64(both);
-        }
-#pragma GCC unroll 4
-        for (int r = 0; r < kParts; ++r) {
-          acc[(j * kSpans + s) * kParts + r] = _mm512_dpbusd_epi32(
-              acc[(j * kSpans + s) * kParts + r], weight, codes[s * kParts + r]);
-        }
-      }
-    }
-  }
-  // No sum overflows: 4 keys of weight <= 255 and code <= 15 per vpdpbusd, kDecodeTile keys.
-  static_assert(int64_t{255} * 15 * kDecodeTile <= INT32_MAX);
-#pragma GCC unroll 16
-  for (int i = 0; i < kNumQ * kSpans * kParts; ++i) out[i] = acc[i];
-}
-
-// The sums of AccumulateSpans or, for value_quads, AccumulateQuadSpans, for the plan's groups per
-// span.
-template <int kBits, int kNumQ, int kSpans>
-KVS_VNNI_ATTR HWY_INLINE void SpanSums(const VnniPlan& plan, const RowSet& values, size_t num_pairs,
-                                       const int32_t* const* w, int s0, __m512i* out) {
-  if (plan.value_quads) {
-    if (plan.span_groups == 1) {
-      return AccumulateQuadSpans<kBits, kNumQ, kSpans, 1>(plan, values, num_pairs / 2, w, s0, out);
-    }
-    return AccumulateQuadSpans<kBits, kNumQ, kSpans, 2>(plan, values, num_pairs / 2, w, s0, out);
-  }
-  if (plan.span_groups == 1) {
-    return AccumulateSpans<kBits, kNumQ, kSpans, 1>(plan, values, num_pairs, w, s0, out);
-  }
-  AccumulateSpans<kBits, kNumQ, kSpans, 2>(plan, values, num_pairs, w, s0, out);
-}
-
 template <int kBits, int kBlocks, bool kPaired>
 KVS_VNNI_ATTR HWY_INLINE void AccumulateHeads(const VnniPlan& plan, const RowSet& values,
                                               size_t num_pairs, const int32_t* const* weights,
@@ -1288,10 +1141,10 @@ KVS_VNNI_ATTR HWY_INLINE void AccumulateHeads(const VnniPlan& plan, const RowSet
   }
 }
 
-// VnniAccumulateTileBits for span-read values (VnniPlan::value_spans): the sums by SpanSums
-// (AccumulateSpans or AccumulateQuadSpans), two spans per pass for 4-bit codes (16 accumulators for
-// 4 heads), one for 2-bit, added into the state in span order (slot s of a head holds element
-// SpanElement(s); DecodeChunk puts them back in element order once per task).
+// VnniAccumulateTileBits for span-read values (VnniPlan::value_spans): the sums by
+// AccumulateSpans, two spans per pass for 4-bit codes (16 accumulators for 4 heads), one for
+// 2-bit, added into the state in span order (slot s of a head holds element SpanElement(s);
+// DecodeChunk puts them back in element order once per task).
 //   weights: [group][num_groups][num_pairs] (pairs of groups interleaved, see QuantiseWeightSlice);
 //   w_scale, min_sum: [group][num_groups]
 template <int kBits>
@@ -1318,7 +1171,10 @@ KVS_VNNI_ATTR void AccumulateTileBySpans(const VnniPlan& plan, const RowSet& val
       }
       __m512i acc[16];  // [(jj * spans + s) * kParts + r]
       // (No generic dispatch: it would not carry this function's target attribute.)
-#define KVS_SPANS(kNumQ, kSpans) SpanSums<kBits, kNumQ, kSpans>(plan, values, num_pairs, w, s0, acc)
+#define KVS_SPANS(kNumQ, kSpans)                                                       \
+  (span_groups == 1                                                                    \
+       ? AccumulateSpans<kBits, kNumQ, kSpans, 1>(plan, values, num_pairs, w, s0, acc) \
+       : AccumulateSpans<kBits, kNumQ, kSpans, 2>(plan, values, num_pairs, w, s0, acc))
       if (spans == 2) {
         if constexpr (kBits == 4) {
           num_q == 4 ? KVS_SPANS(4, 2) : num_q == 2 ? KVS_SPANS(2, 2) : KVS_SPANS(1, 2);
@@ -1349,14 +1205,10 @@ KVS_VNNI_ATTR void AccumulateTileBySpans(const VnniPlan& plan, const RowSet& val
   }
 }
 
-// The middle of a group's codes, (2^bits - 1) / 2.
-constexpr float MiddleCode(int bits) { return static_cast<float>((1 << bits) - 1) / 2.0f; }
-
-// The int16 (value_quads: u8) weights of kNumQ heads [j0, j0 + kNumQ) for kSlice groups [g0, g0 +
-// kSlice) of a tile, and those groups' minima sums, in one pass over the keys with every sum in
-// registers (QuantiseWeights has the layout). The weight of key k is p'[k] s'[k] with
-// p' = p · p_factor (32767, or 255, over the head's largest p) and s' = hs · s_factor (1 over the
-// group's largest |scale|).
+// The int16 weights of kNumQ heads [j0, j0 + kNumQ) for kSlice groups [g0, g0 + kSlice) of a
+// tile, and those groups' minima sums, in one pass over the keys with every sum in registers
+// (QuantiseWeights has the layout). The weight of key k is p'[k] s'[k] with p' = p · p_factor
+// (32767 over the head's largest p) and s' = hs · s_factor (1 over the group's largest |scale|).
 //   p_factor: [kNumQ]; s_factor: [num_groups]; hs, hm: [num_groups][num_keys16]
 template <int kNumQ, int kSlice>
 KVS_VNNI_ATTR HWY_INLINE void QuantiseWeightSlice(const VnniPlan& plan, size_t num_keys16,
@@ -1388,23 +1240,6 @@ KVS_VNNI_ATTR HWY_INLINE void QuantiseWeightSlice(const VnniPlan& plan, size_t n
       const __m512 pj = _mm512_loadu_ps(p + (j0 + jj) * p_stride + k);
       const __m512 pn = _mm512_mul_ps(pj, p_scale[jj]);
       int32_t* row = weights + (static_cast<size_t>(j0 + jj) * num_groups + g0) * num_pairs;
-      if (plan.value_quads) {  // u8, four keys per dword
-        __m128i quads[kSlice];
-        for (int gg = 0; gg < kSlice; ++gg) {
-          sums[jj][gg] = _mm512_fmadd_ps(pj, min[gg], sums[jj][gg]);
-          // (max with 0: a NaN weight, INT_MIN, would saturate to 255)
-          quads[gg] = _mm512_cvtusepi32_epi8(_mm512_max_epi32(
-              _mm512_cvtps_epi32(_mm512_mul_ps(pn, scale[gg])), _mm512_setzero_si512()));
-          if (!interleaved) {
-            _mm_storeu_si128(reinterpret_cast<__m128i*>(row + gg * num_pairs + k / 4), quads[gg]);
-          } else if (gg % 2 == 1) {
-            __m128i* to = reinterpret_cast<__m128i*>(row + (gg - 1) * num_pairs + k / 2);
-            _mm_storeu_si128(to, _mm_unpacklo_epi32(quads[gg - 1], quads[gg]));
-            _mm_storeu_si128(to + 1, _mm_unpackhi_epi32(quads[gg - 1], quads[gg]));
-          }
-        }
-        continue;
-      }
       __m256i packed[kSlice];
       for (int gg = 0; gg < kSlice; ++gg) {
         sums[jj][gg] = _mm512_fmadd_ps(pj, min[gg], sums[jj][gg]);
@@ -1436,7 +1271,6 @@ KVS_VNNI_ATTR HWY_INLINE void SplitGroupScales(const VnniPlan& plan, const RowSe
                                                size_t num_keys16, float* hs, float* hm,
                                                float* s_max) {
   const int num_groups = kGroups > 0 ? kGroups : plan.num_groups;
-  const __m512 middle = _mm512_set1_ps(MiddleCode(plan.bits));
   __m512 scale_max[16];
 #pragma GCC unroll 16
   for (int g = 0; g < num_groups; ++g) scale_max[g] = _mm512_setzero_ps();
@@ -1446,56 +1280,19 @@ KVS_VNNI_ATTR HWY_INLINE void SplitGroupScales(const VnniPlan& plan, const RowSe
 #pragma GCC unroll 16
     for (int g = 0; g < num_groups; ++g) {
       _mm512_storeu_ps(hs + g * num_keys16 + key0, scale[g]);
-      // (u8 weights: the value of the middle code, see QuantiseWeightSlice.)
-      _mm512_storeu_ps(hm + g * num_keys16 + key0,
-                       plan.value_quads ? _mm512_fmadd_ps(scale[g], middle, min[g]) : min[g]);
+      _mm512_storeu_ps(hm + g * num_keys16 + key0, min[g]);
       scale_max[g] = _mm512_max_ps(scale_max[g], _mm512_abs_ps(scale[g]));
     }
   }
   for (int g = 0; g < num_groups; ++g) s_max[g] = _mm512_reduce_max_ps(scale_max[g]);
 }
 
-// u8 weights (value_quads): the sums are taken as if each code were less its group's middle m
-// (the minima, hm, have m scale back): m W times what each head and group's integer weights sum
-// to comes off its minima's sum. Those sums by vpdpbusd against ones over the stored weights
-// (four per dword; pairs of groups in alternate dwords where interleaved).
-KVS_VNNI_ATTR void CentreQuadWeights(const VnniPlan& plan, size_t num_keys16, int group,
-                                     const int32_t* weights, const float* w_scale, float* min_sum) {
-  const int num_groups = plan.num_groups;
-  const size_t num_pairs = num_keys16 / 2;
-  const bool interleaved = plan.span_groups == 2;
-  const size_t dwords = interleaved ? num_pairs : num_keys16 / 4;  // per row that holds weights
-  const __m512i ones = _mm512_set1_epi8(1);
-  const float middle = MiddleCode(plan.bits);
-  for (int j = 0; j < group; ++j) {
-    for (int g = 0; g < num_groups; g += interleaved ? 2 : 1) {
-      const size_t h = static_cast<size_t>(j) * num_groups + g;
-      const int32_t* row = weights + h * num_pairs;
-      __m512i sums = _mm512_setzero_si512();
-      for (size_t i = 0; i < dwords; i += 16) {
-        const __mmask16 mask = dwords - i >= 16 ? 0xFFFF : (1u << (dwords - i)) - 1;
-        sums = _mm512_dpbusd_epi32(sums, _mm512_maskz_loadu_epi32(mask, row + i), ones);
-      }
-      if (!interleaved) {
-        min_sum[h] -= middle * w_scale[h] * static_cast<float>(_mm512_reduce_add_epi32(sums));
-        continue;
-      }
-      min_sum[h] -=
-          middle * w_scale[h] * static_cast<float>(_mm512_mask_reduce_add_epi32(0x5555, sums));
-      min_sum[h + 1] -=
-          middle * w_scale[h + 1] * static_cast<float>(_mm512_mask_reduce_add_epi32(0xAAAA, sums));
-    }
-  }
-}
-
-// The int16 (value_quads: u8) weights of a tile's values for `group` heads (AccumulateSpans,
-// AccumulatePairs; AccumulateQuadSpans):
-// weights [group][num_groups][num_keys16 / 2], two keys per dword (u8: four, in the first
-// num_keys16 / 4; pairs of groups interleaved for span-read values, see QuantiseWeightSlice);
-// w_scale and min_sum [group][num_groups]: what a weight unit is worth, and the softmax weights
-// times the keys' minima summed (u8: less the centring, see VnniAccumulateTile's comment). With
-// p' = L p / max_t p_j[t] and s' = s / max_t |s_g[t]|, the weight is p' s' (|p' s'| <= L) and
-// W = max p_j * max |s_g| / L, L = 32767 (u8: 255).
+// The int16 weights of a tile's values for `group` heads (AccumulateSpans, AccumulatePairs):
+// weights [group][num_groups][num_keys16 / 2], two keys per dword (pairs of groups interleaved
+// for span-read values, see QuantiseWeightSlice); w_scale and min_sum [group][num_groups]: what
+// a weight unit is worth, and the softmax weights times the keys' minima summed. With
+// p' = 32767 p / max_t p_j[t] and s' = s / max_t |s_g[t]|, the weight is p' s' (|p' s'| <=
+// 32767) and W = max p_j * max |s_g| / 32767.
 //   p: [group, p_stride] (0 past the tile's keys)
 KVS_VNNI_ATTR void QuantiseWeights(const VnniPlan& plan, const RowSet& values, size_t num_keys16,
                                    const float* p, size_t p_stride, int group, int32_t* weights,
@@ -1519,18 +1316,17 @@ KVS_VNNI_ATTR void QuantiseWeights(const VnniPlan& plan, const RowSet& values, s
       SplitGroupScales<0>(plan, values, num_keys16, hs, hm, s_max);
   }
   for (int g = 0; g < num_groups; ++g) s_factor[g] = s_max[g] > 0.0f ? 1.0f / s_max[g] : 0.0f;
-  thread_local std::vector<float> p_factor;  // per head: the largest weight over its largest p
+  thread_local std::vector<float> p_factor;  // per head: 32767 over its largest p
   p_factor.resize(group);
-  const float largest = plan.value_quads ? 255.0f : 32767.0f;
   for (int j = 0; j < group; ++j) {
     __m512 vmax = _mm512_setzero_ps();
     for (size_t k = 0; k < num_keys16; k += 16) {
       vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(p + j * p_stride + k));
     }
     const float p_max = _mm512_reduce_max_ps(vmax);
-    p_factor[j] = p_max > 0.0f ? largest / p_max : 0.0f;
+    p_factor[j] = p_max > 0.0f ? 32767.0f / p_max : 0.0f;
     for (int g = 0; g < num_groups; ++g) {
-      w_scale[j * num_groups + g] = p_max * s_max[g] / largest;
+      w_scale[j * num_groups + g] = p_max * s_max[g] / 32767.0f;
     }
   }
   // Heads in steps of 4, 2 and 1, groups in slices of 4, 2 and 1: at most 16 sums, 4 scales,
@@ -1550,7 +1346,6 @@ KVS_VNNI_ATTR void QuantiseWeights(const VnniPlan& plan, const RowSet& values, s
 #undef KVS_SLICE
     }
   }
-  if (plan.value_quads) CentreQuadWeights(plan, num_keys16, group, weights, w_scale, min_sum);
 }
 
 // Weighted sum of a tile's values (rows padded to a multiple of 16) into the running states of
