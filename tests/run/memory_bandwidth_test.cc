@@ -16,10 +16,14 @@ TEST(MemoryBandwidthTest, ReturnsAPlausibleRateWithAndWithoutPool) {
   for (size_t bytes : {size_t{64}, size_t{4096 + 12}, size_t{1} << 20}) {
     const double alone = MeasureReadBandwidth(bytes, 3, nullptr);
     const double pooled = MeasureReadBandwidth(bytes, 3, &pool);
-    // Above 10 MB/s (any machine) and below 100 TB/s (a timing or size bug).
-    EXPECT_GT(alone, 1e7) << bytes;
+    // Below 100 TB/s (a timing or size bug) and above 10 MB/s (any machine) from 1 MiB, where a
+    // pass takes 100 ms at that rate; below it only positive: a pooled pass over 64 bytes is the
+    // pool's round trip, which one descheduled worker (a sanitizer build beside another test
+    // process) stretched to 44 µs, 1.5 MB/s, in CI.
+    const double floor = bytes >= (size_t{1} << 20) ? 1e7 : 0.0;
+    EXPECT_GT(alone, floor) << bytes;
     EXPECT_LT(alone, 1e14) << bytes;
-    EXPECT_GT(pooled, 1e7) << bytes;
+    EXPECT_GT(pooled, floor) << bytes;
     EXPECT_LT(pooled, 1e14) << bytes;
   }
 }
