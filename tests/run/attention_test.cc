@@ -328,36 +328,34 @@ TEST(AttentionTest, ManySmallWeightsKeepTheirMass) {
     for (size_t i = 0; i < a.size(); ++i) sum += (a[i] - b[i]) * double{a[i] - b[i]};
     return std::sqrt(sum / static_cast<double>(a.size()));
   };
-  for (const char* codec : {"int4", "int4-t16", "int2", "kivi2"}) {
-    for (const float ratio : {1e-3f, 3e-3f, 1e-2f}) {
-      std::vector<float> k(num_tokens * head_dim, 0.0f), v(num_tokens * head_dim);
-      std::vector<float> q(head_dim, 0.0f);
-      q[0] = 1.0f;
-      for (int t = 0; t < num_tokens; ++t) {
-        const bool dominant = t % 256 == 0;
-        k[t * head_dim] = dominant ? 0.0f : std::log(ratio) / scale;
-        for (int e = 0; e < head_dim; ++e) {
-          const float high = e % 32 == 0 ? -1.0f : 1.0f;  // one low element per group of 32
-          v[t * head_dim + e] =
-              dominant ? -high : high * (0.5f + 0.5f * ((t * 7 + e) % 13) / 13.0f);
-        }
+  const Layout layout{LayoutKind::kPaged, 64};
+  const AttentionParams params{1, scale};
+  for (const float ratio : {1e-3f, 3e-3f, 1e-2f}) {
+    std::vector<float> k(num_tokens * head_dim, 0.0f), v(num_tokens * head_dim);
+    std::vector<float> q(head_dim, 0.0f);
+    q[0] = 1.0f;
+    for (int t = 0; t < num_tokens; ++t) {
+      const bool dominant = t % 256 == 0;
+      k[t * head_dim] = dominant ? 0.0f : std::log(ratio) / scale;
+      for (int e = 0; e < head_dim; ++e) {
+        const float high = e % 32 == 0 ? -1.0f : 1.0f;  // one low element per group of 32
+        v[t * head_dim + e] = dominant ? -high : high * (0.5f + 0.5f * ((t * 7 + e) % 13) / 13.0f);
       }
-      Case c;
-      c.num_tokens = num_tokens;
-      c.num_kv_heads = 1;
-      c.head_dim = head_dim;
-      c.k_codec = "f32";
+    }
+    Case c;
+    c.num_tokens = num_tokens;
+    c.num_kv_heads = 1;
+    c.head_dim = head_dim;
+    c.k_codec = c.v_codec = "f32";
+    const TestCache exact = BuildCache(k, v, c, layout);
+    std::vector<float> want(head_dim);
+    AttentionReference(exact.view, q.data(), 1, params, want.data());
+    for (const char* codec : {"int4", "int4-t16", "int2", "kivi2"}) {
       c.v_codec = codec;
-      Case unquantised = c;
-      unquantised.v_codec = "f32";
-      const Layout layout{LayoutKind::kPaged, 64};
       const TestCache cache = BuildCache(k, v, c, layout);
-      const TestCache exact = BuildCache(k, v, unquantised, layout);
-      const AttentionParams params{1, scale};
-      std::vector<float> reference(head_dim), kernel(head_dim), want(head_dim);
+      std::vector<float> reference(head_dim), kernel(head_dim);
       AttentionReference(cache.view, q.data(), 1, params, reference.data());
       Attention(cache.view, q.data(), 1, params, kernel.data(), nullptr);
-      AttentionReference(exact.view, q.data(), 1, params, want.data());
       SCOPED_TRACE(std::string(codec) + " ratio " + std::to_string(ratio));
       EXPECT_LE(rms(kernel, want), 1.5 * rms(reference, want));
     }
