@@ -16,6 +16,7 @@ std::atomic<bool> dot_product_readers_disabled{false};
 std::atomic<bool> tile_multiplies_disabled{false};
 std::atomic<bool> half_readers_disabled{false};
 std::atomic<Bf16MultiplyForTest> bf16_multiply{Bf16MultiplyForTest::kMeasured};
+std::atomic<ValueWeightsForTest> value_weights{ValueWeightsForTest::kChosen};
 }  // namespace
 
 void DisableDotProductReadersForTest(bool disabled) {
@@ -39,6 +40,12 @@ void DisableTileMultipliesForTest(bool disabled) {
 }
 bool TileMultipliesDisabledForTest() {
   return tile_multiplies_disabled.load(std::memory_order_relaxed);
+}
+void SetValueWeightsForTest(ValueWeightsForTest how) {
+  value_weights.store(how, std::memory_order_relaxed);
+}
+ValueWeightsForTest ValueWeightsSetForTest() {
+  return value_weights.load(std::memory_order_relaxed);
 }
 
 void Attention(const KvLayerView& view, const float* q, int num_queries,

@@ -45,4 +45,11 @@ bool HalfReadersDisabledForTest();
 void DisableTileMultipliesForTest(bool disabled);
 bool TileMultipliesDisabledForTest();
 
+// Tests only: how the VNNI readers weigh 4- and 2-bit affine values (attention_vnni-inl.h): in u8
+// where a tile's softmax weights are spread enough and in int16 elsewhere (kChosen), or always
+// in one of them, so that each is tested against the reference. Same contract as above.
+enum class ValueWeightsForTest : uint8_t { kChosen, kInt16, kU8 };
+void SetValueWeightsForTest(ValueWeightsForTest how);
+ValueWeightsForTest ValueWeightsSetForTest();
+
 }  // namespace kvstack

@@ -27,7 +27,8 @@
 // most 1/254 of that bound).
 //
 // Values: see VnniAccumulateTile (int16 weights, vpdpwssd over pairs of keys; 4- and 2-bit codes
-// by 16-byte spans, AccumulateSpans).
+// by 16-byte spans, AccumulateSpans, and for affine groups u8 weights, vpdpbusd over four keys,
+// AccumulateQuadSpans).
 //
 // Formats: int8 rows ([f16 scale][int8 codes], codes offset by +128 to unsigned and corrected),
 // integer groups of 4 or 2 bits with (scale, min) pairs per group of >= 16 elements in the row
@@ -90,6 +91,11 @@ struct VnniPlan {
   int span_groups = 1;
   // The vpermt2b indexes of AccumulateSpans: [span_groups - 1][span within the load].
   const uint8_t (*span_index)[2][64] = nullptr;
+  // Whether span-read values may take u8 weights, four keys per dword (AccumulateQuadSpans;
+  // TakesQuadWeights chooses per tile): where every scale is >= 0 (affine groups; q4_absmax's d
+  // carries a sign and keeps int16 pairs). And their two vpermt2b indexes (QuadIndexes).
+  bool value_quads = false;
+  const struct QuadIndexes* quad_index = nullptr;
   // The state slot that holds each element (the inverse of SpanElement), for
   // VnniSpanOrderToElements.
   const int32_t* span_slot = nullptr;
@@ -111,7 +117,8 @@ struct VnniQuery {
   int16_t words[kVnniMaxHeadDim];
 };
 
-// A tile's int16 value weights, two keys per dword, [group][num_groups][num_pairs], with each head
+// A tile's int16 value weights, two keys per dword (u8 where TakesQuadWeights, four keys per
+// dword, the first num_pairs / 2 of each row), [group][num_groups][num_pairs], with each head
 // and group's step and minima's sum, [group][num_groups] (VnniAccumulateTile and the AVX2
 // readers' MaddAccumulateTile): per-thread scratch that only grows.
 struct ValueWeights {
@@ -300,6 +307,37 @@ const uint8_t (*SpanIndexes())[2][64] {
   return kIndexes.index;
 }
 
+// AccumulateQuadSpans' vpermt2b indexes: `pair` interleaves the 32 bytes loaded from two keys
+// (byte b of the first at 2 b, of the second at 2 b + 1); quad[span_groups - 1][s] then puts
+// byte SpanByte(i) of span s (within the load) of four keys, from two such vectors, into the
+// four bytes of dword i, in key order (the span order of AccumulateSpans, four keys deep).
+struct QuadIndexes {
+  alignas(64) uint8_t pair[64];
+  alignas(64) uint8_t quad[2][2][64];
+};
+
+const QuadIndexes* QuadIndexesOnce() {
+  static const QuadIndexes kIndexes = [] {
+    QuadIndexes t{};
+    for (int b = 0; b < 32; ++b) {
+      t.pair[2 * b] = static_cast<uint8_t>(b);
+      t.pair[2 * b + 1] = static_cast<uint8_t>(64 + b);
+    }
+    for (int g = 0; g < 2; ++g) {
+      for (int span = 0; span < 2; ++span) {
+        for (int i = 0; i < 16; ++i) {
+          const int word = 16 * span + SpanByte(i, g + 1);  // the byte's word in both vectors
+          for (int k = 0; k < 4; ++k) {
+            t.quad[g][span][4 * i + k] = static_cast<uint8_t>(k / 2 * 64 + 2 * word + k % 2);
+          }
+        }
+      }
+    }
+    return t;
+  }();
+  return &kIndexes;
+}
+
 const VnniTables& VnniTablesFor(int bits) {
   static const auto kTables = [] {
     std::array<VnniTables, 3> tables{};  // bits 8, 4, 2
@@ -345,6 +383,8 @@ VnniPlan PlanVnni(const SideSpec& side, size_t head_dim, size_t lanes) {
     plan.span_groups = group_bytes == 8 ? 2 : 1;
     plan.span_index = SpanIndexes();
     plan.span_slot = SpanSlots(plan.bits, plan.span_groups);
+    plan.value_quads = !plan.absmax;
+    plan.quad_index = QuadIndexesOnce();
   }
   return plan;
 }
@@ -964,6 +1004,15 @@ void VnniScoreTile(const VnniPlan& plan, const RowSet& keys, const RowSet& value
 // into each i32 lane e; the minima contribute sum_t p_j[t] * min_g[t] per group, in floats.
 // Each weight is off by at most W / 2 (1.5e-5 of the tile's largest weight); at most 256 keys
 // of |code| <= 127 keep the i32 sums below 2^31 (2 * 32767 * 127 * 128 < 2^31).
+// 4- and 2-bit affine values (VnniPlan::value_quads) take u8 weights instead where a tile's
+// softmax weights spread (TakesQuadWeights), W = max w / 254, four keys per vpdpbusd: half the
+// dot products. They are rounded with their errors carried along the keys, so that a tile keeps
+// its mass (QuantiseQuadSlice), each off by up to 1.5 steps; what that moves a sum by grows
+// with the codes it multiplies, so the sums are taken as if the codes were centred on their
+// group's middle m = (2^bits - 1) / 2: sum w (c - m) = sum w c - m sum w, with the integer
+// weights' own sum, and the minima become min + m scale (CentreQuadWeights). In the tests the
+// outputs' RMS distance to attention over unquantised values then grows by at most 1.3 % over
+// the codec's own; see docs/representation-speed.md.
 
 // The 16 value elements of one block of the key pair whose code bytes are x0 and x1 (the
 // 64-byte halves of the two rows that hold the block), as int16 pairs (code of the first row,
@@ -1128,6 +1177,106 @@ KVS_VNNI_ATTR HWY_INLINE void AccumulateSpans(const VnniPlan& plan, const RowSet
   for (int i = 0; i < kNumQ * kSpans * kParts; ++i) out[i] = acc[i];
 }
 
+// AccumulateSpans with u8 weights, four keys per dword (TakesQuadWeights): per four keys and
+// two spans, two vpermt2b interleave the keys in pairs and two more put byte SpanByte(i) of each
+// span from all four into dword i; each part is shifted and masked out and one vpdpbusd per
+// head adds four keys' weight times code into each i32 lane. Half the dot products of int16
+// pairs, for the same permutes per byte. Same out[] as AccumulateSpans (each part's own sum).
+//   weights[j * kSpans + s]: head j's u8 weights for span s0 + s, four keys per dword (kGroups
+//   1), or two dwords per four keys (kGroups 2: the span's two groups, alternating lanes)
+// kSpans 16-byte spans from `at` in the low bytes of a vector (the rest undefined).
+template <int kSpans>
+KVS_VNNI_ATTR HWY_INLINE __m512i LoadSpans(const std::byte* at) {
+  if constexpr (kSpans == 2) {
+    return _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
+  } else {
+    return _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
+  }
+}
+
+template <int kBits, int kNumQ, int kSpans, int kGroups>
+KVS_VNNI_ATTR HWY_INLINE void AccumulateQuadSpans(const VnniPlan& plan, const RowSet& values,
+                                                  size_t num_quads, const int32_t* const* weights,
+                                                  int s0, __m512i* out) {
+  constexpr int kParts = 8 / kBits;
+  const size_t offset = plan.code_offset + 16 * static_cast<size_t>(s0);
+  const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << kBits) - 1));
+  const __m512i pair_index =
+      _mm512_load_si512(reinterpret_cast<const __m512i*>(plan.quad_index->pair));
+  __m512i quad_index[kSpans];
+#pragma GCC unroll 2
+  for (int s = 0; s < kSpans; ++s) {
+    quad_index[s] =
+        _mm512_load_si512(reinterpret_cast<const __m512i*>(plan.quad_index->quad[kGroups - 1][s]));
+  }
+  const int32_t* w[kNumQ * kSpans];
+  __m512i acc[kNumQ * kSpans * kParts];
+#pragma GCC unroll 16
+  for (int i = 0; i < kNumQ * kSpans; ++i) w[i] = weights[i];
+#pragma GCC unroll 16
+  for (int i = 0; i < kNumQ * kSpans * kParts; ++i) acc[i] = _mm512_setzero_si512();
+  const std::byte* const* rows = values.rows;
+  for (size_t u = 0; u < num_quads; ++u) {
+    const __m512i pair01 =
+        _mm512_permutex2var_epi8(LoadSpans<kSpans>(rows[4 * u] + offset), pair_index,
+                                 LoadSpans<kSpans>(rows[4 * u + 1] + offset));
+    const __m512i pair23 =
+        _mm512_permutex2var_epi8(LoadSpans<kSpans>(rows[4 * u + 2] + offset), pair_index,
+                                 LoadSpans<kSpans>(rows[4 * u + 3] + offset));
+    __m512i codes[kSpans * kParts];
+#pragma GCC unroll 2
+    for (int s = 0; s < kSpans; ++s) {
+      const __m512i bytes = _mm512_permutex2var_epi8(pair01, quad_index[s], pair23);
+#pragma GCC unroll 4
+      for (int r = 0; r < kParts; ++r) {
+        codes[s * kParts + r] =
+            _mm512_and_si512(r == 0 ? bytes : _mm512_srli_epi16(bytes, r * kBits), mask);
+      }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < kNumQ; ++j) {
+#pragma GCC unroll 2
+      for (int s = 0; s < kSpans; ++s) {
+        const int32_t* ws = w[j * kSpans + s];
+        __m512i weight;
+        if constexpr (kGroups == 1) {
+          weight = _mm512_set1_epi32(ws[u]);
+        } else {
+          int64_t both;
+          std::memcpy(&both, ws + 2 * u, sizeof(both));
+          weight = _mm512_set1_epi64(both);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < kParts; ++r) {
+          acc[(j * kSpans + s) * kParts + r] = _mm512_dpbusd_epi32(
+              acc[(j * kSpans + s) * kParts + r], weight, codes[s * kParts + r]);
+        }
+      }
+    }
+  }
+  // No sum overflows: 4 keys of weight <= 255 and code <= 15 per vpdpbusd, kDecodeTile keys.
+  static_assert(int64_t{255} * 15 * kDecodeTile <= INT32_MAX);
+#pragma GCC unroll 16
+  for (int i = 0; i < kNumQ * kSpans * kParts; ++i) out[i] = acc[i];
+}
+
+// The sums of AccumulateSpans or, for u8 weights (quads), AccumulateQuadSpans, for the plan's
+// groups per span.
+template <int kBits, int kNumQ, int kSpans>
+KVS_VNNI_ATTR HWY_INLINE void SpanSums(const VnniPlan& plan, const RowSet& values, size_t num_pairs,
+                                       bool quads, const int32_t* const* w, int s0, __m512i* out) {
+  if (quads) {
+    if (plan.span_groups == 1) {
+      return AccumulateQuadSpans<kBits, kNumQ, kSpans, 1>(plan, values, num_pairs / 2, w, s0, out);
+    }
+    return AccumulateQuadSpans<kBits, kNumQ, kSpans, 2>(plan, values, num_pairs / 2, w, s0, out);
+  }
+  if (plan.span_groups == 1) {
+    return AccumulateSpans<kBits, kNumQ, kSpans, 1>(plan, values, num_pairs, w, s0, out);
+  }
+  AccumulateSpans<kBits, kNumQ, kSpans, 2>(plan, values, num_pairs, w, s0, out);
+}
+
 template <int kBits, int kBlocks, bool kPaired>
 KVS_VNNI_ATTR HWY_INLINE void AccumulateHeads(const VnniPlan& plan, const RowSet& values,
                                               size_t num_pairs, const int32_t* const* weights,
@@ -1141,15 +1290,15 @@ KVS_VNNI_ATTR HWY_INLINE void AccumulateHeads(const VnniPlan& plan, const RowSet
   }
 }
 
-// VnniAccumulateTileBits for span-read values (VnniPlan::value_spans): the sums by
-// AccumulateSpans, two spans per pass for 4-bit codes (16 accumulators for 4 heads), one for
-// 2-bit, added into the state in span order (slot s of a head holds element SpanElement(s);
-// DecodeChunk puts them back in element order once per task).
+// VnniAccumulateTileBits for span-read values (VnniPlan::value_spans): the sums by SpanSums
+// (AccumulateSpans or AccumulateQuadSpans), two spans per pass for 4-bit codes (16 accumulators for
+// 4 heads), one for 2-bit, added into the state in span order (slot s of a head holds element
+// SpanElement(s); DecodeChunk puts them back in element order once per task).
 //   weights: [group][num_groups][num_pairs] (pairs of groups interleaved, see QuantiseWeightSlice);
 //   w_scale, min_sum: [group][num_groups]
 template <int kBits>
 KVS_VNNI_ATTR void AccumulateTileBySpans(const VnniPlan& plan, const RowSet& values,
-                                         size_t num_pairs, const int32_t* weights,
+                                         size_t num_pairs, bool quads, const int32_t* weights,
                                          const float* w_scale, const float* min_sum, int group,
                                          float* state, size_t state_stride) {
   constexpr int kParts = 8 / kBits;
@@ -1171,10 +1320,8 @@ KVS_VNNI_ATTR void AccumulateTileBySpans(const VnniPlan& plan, const RowSet& val
       }
       __m512i acc[16];  // [(jj * spans + s) * kParts + r]
       // (No generic dispatch: it would not carry this function's target attribute.)
-#define KVS_SPANS(kNumQ, kSpans)                                                       \
-  (span_groups == 1                                                                    \
-       ? AccumulateSpans<kBits, kNumQ, kSpans, 1>(plan, values, num_pairs, w, s0, acc) \
-       : AccumulateSpans<kBits, kNumQ, kSpans, 2>(plan, values, num_pairs, w, s0, acc))
+#define KVS_SPANS(kNumQ, kSpans) \
+  SpanSums<kBits, kNumQ, kSpans>(plan, values, num_pairs, quads, w, s0, acc)
       if (spans == 2) {
         if constexpr (kBits == 4) {
           num_q == 4 ? KVS_SPANS(4, 2) : num_q == 2 ? KVS_SPANS(2, 2) : KVS_SPANS(1, 2);
@@ -1204,6 +1351,9 @@ KVS_VNNI_ATTR void AccumulateTileBySpans(const VnniPlan& plan, const RowSet& val
     }
   }
 }
+
+// The middle of a group's codes, (2^bits - 1) / 2.
+constexpr float MiddleCode(int bits) { return static_cast<float>((1 << bits) - 1) / 2.0f; }
 
 // The int16 weights of kNumQ heads [j0, j0 + kNumQ) for kSlice groups [g0, g0 + kSlice) of a
 // tile, and those groups' minima sums, in one pass over the keys with every sum in registers
@@ -1263,14 +1413,124 @@ KVS_VNNI_ATTR HWY_INLINE void QuantiseWeightSlice(const VnniPlan& plan, size_t n
   }
 }
 
+// x moved up kLanes lanes (lane i + kLanes takes lane i), zeros into the lowest.
+template <int kLanes>
+KVS_VNNI_ATTR HWY_INLINE __m512 LanesUp(__m512 x) {
+  return _mm512_castsi512_ps(
+      _mm512_alignr_epi32(_mm512_castps_si512(x), _mm512_setzero_si512(), 16 - kLanes));
+}
+
+// The u8 weights of TakesQuadWeights' tiles (four keys per dword, in the first num_keys16 / 4 of
+// each row; pairs of groups interleaved as in QuantiseWeightSlice) of kNumQ heads
+// [j0, j0 + kNumQ) for kSlice groups [g0, g0 + kSlice), x = p · p_factor · hs · s_factor
+// (<= kQuadLargest), rounded so that a tile keeps its mass: rounding each weight alone moves it
+// by up to half a step, all in one direction where many keys weigh less than half a step (one
+// dominant key and 255 small ones lose up to 127 of the dominant key's 254 steps).
+// Each lane i of the 16-key rows carries its rounding error down its column (keys i, 16 + i,
+// ...): q = round(x + carry), carry = x + carry - q, in [-0.5, 0.5]. The last row then takes the
+// column carries with its own weights, y = max(x + carry, 0), and rounds their running sum
+// along the lanes: q_i = round(y_0 + ... + y_i) - round(y_0 + ... + y_(i-1)). Each head and
+// group's weights then sum to within half a step of its exact weights' sum (plus what the max
+// drops: a lane whose last weight is below its carried error keeps that error, at most half a
+// step), and no weight moves by more than 1.5 steps (q >= 0; q <= y + 1 < 256 with
+// kQuadLargest = 254). U8ValueWeightsKeepATilesMass holds the kernel to that.
+//   p_factor: [kNumQ]; s_factor: [num_groups]; hs: [num_groups][num_keys16]
+constexpr float kQuadLargest = 254.0f;
+
+template <int kNumQ, int kSlice>
+KVS_VNNI_ATTR HWY_INLINE void QuantiseQuadSlice(const VnniPlan& plan, size_t num_keys16,
+                                                const float* p, size_t p_stride,
+                                                const float* p_factor, const float* s_factor,
+                                                const float* hs, int j0, int g0, int32_t* weights) {
+  const int num_groups = plan.num_groups;
+  const size_t num_pairs = num_keys16 / 2;
+  const bool interleaved = plan.span_groups == 2;
+  const __m512 zero = _mm512_setzero_ps();
+  __m512 p_scale[kNumQ], s_scale[kSlice], carry[kNumQ][kSlice];
+  for (int jj = 0; jj < kNumQ; ++jj) {
+    p_scale[jj] = _mm512_set1_ps(p_factor[jj]);
+    for (int gg = 0; gg < kSlice; ++gg) carry[jj][gg] = zero;
+  }
+  for (int gg = 0; gg < kSlice; ++gg) s_scale[gg] = _mm512_set1_ps(s_factor[g0 + gg]);
+  const size_t last = num_keys16 - 16;
+  for (size_t k = 0; k < num_keys16; k += 16) {
+    __m512 scale[kSlice];
+    for (int gg = 0; gg < kSlice; ++gg) {
+      scale[gg] = _mm512_mul_ps(_mm512_loadu_ps(hs + (g0 + gg) * num_keys16 + k), s_scale[gg]);
+    }
+    for (int jj = 0; jj < kNumQ; ++jj) {
+      // (max with 0 first: a NaN weight becomes 0 and carries nothing)
+      const __m512 pn = _mm512_max_ps(
+          _mm512_mul_ps(_mm512_loadu_ps(p + (j0 + jj) * p_stride + k), p_scale[jj]), zero);
+      int32_t* row = weights + (static_cast<size_t>(j0 + jj) * num_groups + g0) * num_pairs;
+      __m128i quads[kSlice];
+      for (int gg = 0; gg < kSlice; ++gg) {
+        const __m512 y = _mm512_fmadd_ps(pn, scale[gg], carry[jj][gg]);
+        __m512 q;
+        if (k != last) {
+          q = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          carry[jj][gg] = _mm512_sub_ps(y, q);
+        } else {  // the running sum along the lanes, rounded; each lane its step from the last
+          __m512 sum = _mm512_max_ps(y, zero);
+          sum = _mm512_add_ps(sum, LanesUp<1>(sum));
+          sum = _mm512_add_ps(sum, LanesUp<2>(sum));
+          sum = _mm512_add_ps(sum, LanesUp<4>(sum));
+          sum = _mm512_add_ps(sum, LanesUp<8>(sum));
+          const __m512 rounded =
+              _mm512_roundscale_ps(sum, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          q = _mm512_sub_ps(rounded, LanesUp<1>(rounded));
+        }
+        quads[gg] = _mm512_cvtusepi32_epi8(_mm512_cvttps_epi32(q));
+        if (!interleaved) {
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(row + gg * num_pairs + k / 4), quads[gg]);
+        } else if (gg % 2 == 1) {
+          __m128i* to = reinterpret_cast<__m128i*>(row + (gg - 1) * num_pairs + k / 2);
+          _mm_storeu_si128(to, _mm_unpacklo_epi32(quads[gg - 1], quads[gg]));
+          _mm_storeu_si128(to + 1, _mm_unpackhi_epi32(quads[gg - 1], quads[gg]));
+        }
+      }
+    }
+  }
+}
+
+// The minima's sums where the weights are u8, sum_k p_j[k] hm_g[k], for kNumQ heads [j0, j0 +
+// kNumQ) and kSlice groups [g0, g0 + kSlice) (QuantiseQuadSlice's carries leave no registers for
+// them).
+template <int kNumQ, int kSlice>
+KVS_VNNI_ATTR HWY_INLINE void MinimaSumSlice(const VnniPlan& plan, size_t num_keys16,
+                                             const float* p, size_t p_stride, const float* hm,
+                                             int j0, int g0, float* min_sum) {
+  const int num_groups = plan.num_groups;
+  __m512 sums[kNumQ][kSlice];
+  for (int jj = 0; jj < kNumQ; ++jj) {
+    for (int gg = 0; gg < kSlice; ++gg) sums[jj][gg] = _mm512_setzero_ps();
+  }
+  for (size_t k = 0; k < num_keys16; k += 16) {
+    __m512 min[kSlice];
+    for (int gg = 0; gg < kSlice; ++gg) min[gg] = _mm512_loadu_ps(hm + (g0 + gg) * num_keys16 + k);
+    for (int jj = 0; jj < kNumQ; ++jj) {
+      const __m512 pj = _mm512_loadu_ps(p + (j0 + jj) * p_stride + k);
+      for (int gg = 0; gg < kSlice; ++gg) {
+        sums[jj][gg] = _mm512_fmadd_ps(pj, min[gg], sums[jj][gg]);
+      }
+    }
+  }
+  for (int jj = 0; jj < kNumQ; ++jj) {
+    for (int gg = 0; gg < kSlice; ++gg) {
+      min_sum[(j0 + jj) * num_groups + g0 + gg] = _mm512_reduce_add_ps(sums[jj][gg]);
+    }
+  }
+}
+
 // The scales and minima of a tile's keys by group, hs and hm [num_groups][num_keys16], and each
 // group's largest |scale|, s_max [num_groups]. kGroups: plan.num_groups where known at compile
 // time (the scales stay in registers), else 0.
 template <int kGroups>
 KVS_VNNI_ATTR HWY_INLINE void SplitGroupScales(const VnniPlan& plan, const RowSet& values,
-                                               size_t num_keys16, float* hs, float* hm,
+                                               size_t num_keys16, bool quads, float* hs, float* hm,
                                                float* s_max) {
   const int num_groups = kGroups > 0 ? kGroups : plan.num_groups;
+  const __m512 middle = _mm512_set1_ps(MiddleCode(plan.bits));
   __m512 scale_max[16];
 #pragma GCC unroll 16
   for (int g = 0; g < num_groups; ++g) scale_max[g] = _mm512_setzero_ps();
@@ -1280,53 +1540,127 @@ KVS_VNNI_ATTR HWY_INLINE void SplitGroupScales(const VnniPlan& plan, const RowSe
 #pragma GCC unroll 16
     for (int g = 0; g < num_groups; ++g) {
       _mm512_storeu_ps(hs + g * num_keys16 + key0, scale[g]);
-      _mm512_storeu_ps(hm + g * num_keys16 + key0, min[g]);
+      // (u8 weights: the value of the middle code, see CentreQuadWeights.)
+      _mm512_storeu_ps(hm + g * num_keys16 + key0,
+                       quads ? _mm512_fmadd_ps(scale[g], middle, min[g]) : min[g]);
       scale_max[g] = _mm512_max_ps(scale_max[g], _mm512_abs_ps(scale[g]));
     }
   }
   for (int g = 0; g < num_groups; ++g) s_max[g] = _mm512_reduce_max_ps(scale_max[g]);
 }
 
-// The int16 weights of a tile's values for `group` heads (AccumulateSpans, AccumulatePairs):
-// weights [group][num_groups][num_keys16 / 2], two keys per dword (pairs of groups interleaved
-// for span-read values, see QuantiseWeightSlice); w_scale and min_sum [group][num_groups]: what
-// a weight unit is worth, and the softmax weights times the keys' minima summed. With
-// p' = 32767 p / max_t p_j[t] and s' = s / max_t |s_g[t]|, the weight is p' s' (|p' s'| <=
-// 32767) and W = max p_j * max |s_g| / 32767.
+// u8 weights (TakesQuadWeights): the sums are taken as if each code were less its group's middle m
+// (the minima, hm, have m scale back): m W times what each head and group's integer weights sum
+// to comes off its minima's sum. Those sums by vpdpbusd against ones over the stored weights
+// (four per dword; pairs of groups in alternate dwords where interleaved).
+KVS_VNNI_ATTR void CentreQuadWeights(const VnniPlan& plan, size_t num_keys16, int group,
+                                     const int32_t* weights, const float* w_scale, float* min_sum) {
+  const int num_groups = plan.num_groups;
+  const size_t num_pairs = num_keys16 / 2;
+  const bool interleaved = plan.span_groups == 2;
+  const size_t dwords = interleaved ? num_pairs : num_keys16 / 4;  // per row that holds weights
+  const __m512i ones = _mm512_set1_epi8(1);
+  const float middle = MiddleCode(plan.bits);
+  for (int j = 0; j < group; ++j) {
+    for (int g = 0; g < num_groups; g += interleaved ? 2 : 1) {
+      const size_t h = static_cast<size_t>(j) * num_groups + g;
+      const int32_t* row = weights + h * num_pairs;
+      __m512i sums = _mm512_setzero_si512();
+      for (size_t i = 0; i < dwords; i += 16) {
+        const __mmask16 mask = dwords - i >= 16 ? 0xFFFF : (1u << (dwords - i)) - 1;
+        sums = _mm512_dpbusd_epi32(sums, _mm512_maskz_loadu_epi32(mask, row + i), ones);
+      }
+      if (!interleaved) {
+        min_sum[h] -= middle * w_scale[h] * static_cast<float>(_mm512_reduce_add_epi32(sums));
+        continue;
+      }
+      min_sum[h] -=
+          middle * w_scale[h] * static_cast<float>(_mm512_mask_reduce_add_epi32(0x5555, sums));
+      min_sum[h + 1] -=
+          middle * w_scale[h + 1] * static_cast<float>(_mm512_mask_reduce_add_epi32(0xAAAA, sums));
+    }
+  }
+}
+
+// Whether a tile's values take u8 weights (VnniPlan::value_quads, and see QuantiseQuadSlice):
+// where every head's softmax weights sum to at least sqrt(n) times its largest, n the tile's
+// keys (padded to 16). u8 weights move each key's weight by up to 1.5 steps of 1/254 of the
+// largest, some 0.4 of a step RMS, so their noise in the output is some 0.4 sqrt(n) / 254 of
+// the values' spread relative to the weights' sum: at most 1/600 of it here. A tile where a few
+// keys take the weight (one dominant key and 255 at 1e-3 of it: ManySmallWeightsKeepTheirMass)
+// keeps int16 weights, which put the noise 128 times lower.
+//   p_max, p_sum: [group]
+bool TakesQuadWeights(const VnniPlan& plan, size_t num_keys16, const float* p_max,
+                      const float* p_sum, int group) {
+  if (!plan.value_quads) return false;
+  switch (ValueWeightsSetForTest()) {
+    case ValueWeightsForTest::kInt16:
+      return false;
+    case ValueWeightsForTest::kU8:
+      return true;
+    case ValueWeightsForTest::kChosen:
+      break;
+  }
+  const float spread = std::sqrt(static_cast<float>(num_keys16));
+  for (int j = 0; j < group; ++j) {
+    if (!(p_sum[j] >= spread * p_max[j])) return false;  // (NaN sums take int16)
+  }
+  return true;
+}
+
+// The weights of a tile's values for `group` heads: int16, two keys per dword (AccumulateSpans,
+// AccumulatePairs), or, where TakesQuadWeights, u8, four keys per dword in the first
+// num_keys16 / 4 of each row (AccumulateQuadSpans); returns which (true: u8).
+// weights [group][num_groups][num_keys16 / 2] (pairs of groups interleaved for span-read
+// values, see QuantiseWeightSlice); w_scale and min_sum [group][num_groups]: what a weight unit is
+// worth, and the softmax weights times the keys' minima summed (u8: less the centring, see
+// CentreQuadWeights). With p' = L p / max_t p_j[t] and s' = s / max_t |s_g[t]|, the weight is
+// p' s' (|p' s'| <= L) and W = max p_j * max |s_g| / L, L = 32767 (u8: kQuadLargest).
 //   p: [group, p_stride] (0 past the tile's keys)
-KVS_VNNI_ATTR void QuantiseWeights(const VnniPlan& plan, const RowSet& values, size_t num_keys16,
+KVS_VNNI_ATTR bool QuantiseWeights(const VnniPlan& plan, const RowSet& values, size_t num_keys16,
                                    const float* p, size_t p_stride, int group, int32_t* weights,
                                    float* w_scale, float* min_sum) {
   const int num_groups = plan.num_groups;
+  thread_local std::vector<float> p_stats;  // per head: its largest p, then their sum
+  p_stats.resize(2 * static_cast<size_t>(group));
+  float* p_max = p_stats.data();
+  float* p_sum = p_max + group;
+  for (int j = 0; j < group; ++j) {
+    __m512 vmax = _mm512_setzero_ps(), vsum = _mm512_setzero_ps();
+    for (size_t k = 0; k < num_keys16; k += 16) {
+      const __m512 pk = _mm512_loadu_ps(p + j * p_stride + k);
+      vmax = _mm512_max_ps(vmax, pk);
+      vsum = _mm512_add_ps(vsum, pk);
+    }
+    p_max[j] = _mm512_reduce_max_ps(vmax);
+    p_sum[j] = _mm512_reduce_add_ps(vsum);
+  }
+  const bool quads = TakesQuadWeights(plan, num_keys16, p_max, p_sum, group);
   // Per group, the keys' scales and minima: [num_groups][num_keys16].
   float* hs = Scratch(kSlotHeaders, 2 * static_cast<size_t>(num_groups) * num_keys16);
   float* hm = hs + static_cast<size_t>(num_groups) * num_keys16;
   float s_max[16], s_factor[16];
   switch (num_groups) {  // (the common counts with the scales in registers)
     case 1:
-      SplitGroupScales<1>(plan, values, num_keys16, hs, hm, s_max);
+      SplitGroupScales<1>(plan, values, num_keys16, quads, hs, hm, s_max);
       break;
     case 2:
-      SplitGroupScales<2>(plan, values, num_keys16, hs, hm, s_max);
+      SplitGroupScales<2>(plan, values, num_keys16, quads, hs, hm, s_max);
       break;
     case 4:
-      SplitGroupScales<4>(plan, values, num_keys16, hs, hm, s_max);
+      SplitGroupScales<4>(plan, values, num_keys16, quads, hs, hm, s_max);
       break;
     default:
-      SplitGroupScales<0>(plan, values, num_keys16, hs, hm, s_max);
+      SplitGroupScales<0>(plan, values, num_keys16, quads, hs, hm, s_max);
   }
   for (int g = 0; g < num_groups; ++g) s_factor[g] = s_max[g] > 0.0f ? 1.0f / s_max[g] : 0.0f;
-  thread_local std::vector<float> p_factor;  // per head: 32767 over its largest p
+  thread_local std::vector<float> p_factor;  // per head: the largest weight over its largest p
   p_factor.resize(group);
+  const float largest = quads ? kQuadLargest : 32767.0f;
   for (int j = 0; j < group; ++j) {
-    __m512 vmax = _mm512_setzero_ps();
-    for (size_t k = 0; k < num_keys16; k += 16) {
-      vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(p + j * p_stride + k));
-    }
-    const float p_max = _mm512_reduce_max_ps(vmax);
-    p_factor[j] = p_max > 0.0f ? 32767.0f / p_max : 0.0f;
+    p_factor[j] = p_max[j] > 0.0f ? largest / p_max[j] : 0.0f;
     for (int g = 0; g < num_groups; ++g) {
-      w_scale[j * num_groups + g] = p_max * s_max[g] / 32767.0f;
+      w_scale[j * num_groups + g] = p_max[j] * s_max[g] / largest;
     }
   }
   // Heads in steps of 4, 2 and 1, groups in slices of 4, 2 and 1: at most 16 sums, 4 scales,
@@ -1336,9 +1670,12 @@ KVS_VNNI_ATTR void QuantiseWeights(const VnniPlan& plan, const RowSet& values, s
     num_q = group - j >= 4 ? 4 : group - j >= 2 ? 2 : 1;
     for (int g = 0, slice = 0; g < num_groups; g += slice) {
       slice = num_groups - g >= 4 ? 4 : num_groups - g >= 2 ? 2 : 1;
-#define KVS_SLICE(kNumQ, kSlice)                                                                   \
-  QuantiseWeightSlice<kNumQ, kSlice>(plan, num_keys16, p, p_stride, p_factor.data() + j, s_factor, \
-                                     hs, hm, j, g, weights, min_sum)
+#define KVS_SLICE(kNumQ, kSlice)                                                                  \
+  (quads ? (QuantiseQuadSlice<kNumQ, kSlice>(plan, num_keys16, p, p_stride, p_factor.data() + j,  \
+                                             s_factor, hs, j, g, weights),                        \
+            MinimaSumSlice<kNumQ, kSlice>(plan, num_keys16, p, p_stride, hm, j, g, min_sum))      \
+         : QuantiseWeightSlice<kNumQ, kSlice>(plan, num_keys16, p, p_stride, p_factor.data() + j, \
+                                              s_factor, hs, hm, j, g, weights, min_sum))
 #define KVS_SLICES(kNumQ) \
   (slice == 4 ? KVS_SLICE(kNumQ, 4) : slice == 2 ? KVS_SLICE(kNumQ, 2) : KVS_SLICE(kNumQ, 1))
       num_q == 4 ? KVS_SLICES(4) : num_q == 2 ? KVS_SLICES(2) : KVS_SLICES(1);
@@ -1346,6 +1683,8 @@ KVS_VNNI_ATTR void QuantiseWeights(const VnniPlan& plan, const RowSet& values, s
 #undef KVS_SLICE
     }
   }
+  if (quads) CentreQuadWeights(plan, num_keys16, group, weights, w_scale, min_sum);
+  return quads;
 }
 
 // Weighted sum of a tile's values (rows padded to a multiple of 16) into the running states of
@@ -1359,13 +1698,13 @@ KVS_VNNI_ATTR void VnniAccumulateTileBits(const VnniPlan& plan, const RowSet& va
   const size_t num_pairs = num_keys16 / 2;
   const int num_groups = plan.num_groups;
   const ValueWeights tile = ValueWeightsScratch(group, num_groups, num_pairs);
-  QuantiseWeights(plan, values, num_keys16, p, p_stride, group, tile.weights, tile.w_scale,
-                  tile.min_sum);
+  const bool quads = QuantiseWeights(plan, values, num_keys16, p, p_stride, group, tile.weights,
+                                     tile.w_scale, tile.min_sum);
   const size_t group_stride = num_pairs;
   if constexpr (kBits < 8) {
     if (plan.value_spans > 0) {
-      return AccumulateTileBySpans<kBits>(plan, values, num_pairs, tile.weights, tile.w_scale,
-                                          tile.min_sum, group, state, state_stride);
+      return AccumulateTileBySpans<kBits>(plan, values, num_pairs, quads, tile.weights,
+                                          tile.w_scale, tile.min_sum, group, state, state_stride);
     }
   }
   // The sums, 4 blocks of 16 elements (2 where head_dim is not a multiple of 64) for up to 4
