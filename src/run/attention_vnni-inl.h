@@ -1437,60 +1437,77 @@ KVS_VNNI_ATTR HWY_INLINE __m512 LanesUp(__m512 x) {
 //   p_factor: [kNumQ]; s_factor: [num_groups]; hs: [num_groups][num_keys16]
 constexpr float kQuadLargest = 254.0f;
 
+// One row of 16 keys of QuantiseQuadSlice (kLast: the tile's last, rounded along the lanes).
+template <int kNumQ, int kSlice, bool kLast>
+KVS_VNNI_ATTR HWY_INLINE void QuantiseQuadRow(const VnniPlan& plan, size_t num_keys16,
+                                              const float* p, size_t p_stride,
+                                              const __m512* p_scale, const __m512* s_scale,
+                                              const float* hs, int j0, int g0, size_t k,
+                                              __m512 (*carry)[kSlice], int32_t* weights) {
+  const size_t num_pairs = num_keys16 / 2;
+  const __m512 zero = _mm512_setzero_ps();
+  __m512 scale[kSlice];
+#pragma GCC unroll 4
+  for (int gg = 0; gg < kSlice; ++gg) {
+    scale[gg] = _mm512_mul_ps(_mm512_loadu_ps(hs + (g0 + gg) * num_keys16 + k), s_scale[gg]);
+  }
+#pragma GCC unroll 4
+  for (int jj = 0; jj < kNumQ; ++jj) {
+    // (max with 0 first: a NaN weight becomes 0 and carries nothing)
+    const __m512 pn = _mm512_max_ps(
+        _mm512_mul_ps(_mm512_loadu_ps(p + (j0 + jj) * p_stride + k), p_scale[jj]), zero);
+    int32_t* row = weights + (static_cast<size_t>(j0 + jj) * plan.num_groups + g0) * num_pairs;
+    __m128i quads[kSlice];
+#pragma GCC unroll 4
+    for (int gg = 0; gg < kSlice; ++gg) {
+      const __m512 y = _mm512_fmadd_ps(pn, scale[gg], carry[jj][gg]);
+      __m512 q;
+      if constexpr (!kLast) {
+        q = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        carry[jj][gg] = _mm512_sub_ps(y, q);
+      } else {  // the running sum along the lanes, rounded; each lane its step from the last
+        __m512 sum = _mm512_max_ps(y, zero);
+        sum = _mm512_add_ps(sum, LanesUp<1>(sum));
+        sum = _mm512_add_ps(sum, LanesUp<2>(sum));
+        sum = _mm512_add_ps(sum, LanesUp<4>(sum));
+        sum = _mm512_add_ps(sum, LanesUp<8>(sum));
+        const __m512 rounded =
+            _mm512_roundscale_ps(sum, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        q = _mm512_sub_ps(rounded, LanesUp<1>(rounded));
+      }
+      quads[gg] = _mm512_cvtusepi32_epi8(_mm512_cvttps_epi32(q));
+      if (plan.span_groups == 1) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(row + gg * num_pairs + k / 4), quads[gg]);
+      } else if (gg % 2 == 1) {  // (pairs of groups interleaved)
+        __m128i* to = reinterpret_cast<__m128i*>(row + (gg - 1) * num_pairs + k / 2);
+        _mm_storeu_si128(to, _mm_unpacklo_epi32(quads[gg - 1], quads[gg]));
+        _mm_storeu_si128(to + 1, _mm_unpackhi_epi32(quads[gg - 1], quads[gg]));
+      }
+    }
+  }
+}
+
 template <int kNumQ, int kSlice>
 KVS_VNNI_ATTR HWY_INLINE void QuantiseQuadSlice(const VnniPlan& plan, size_t num_keys16,
                                                 const float* p, size_t p_stride,
                                                 const float* p_factor, const float* s_factor,
                                                 const float* hs, int j0, int g0, int32_t* weights) {
-  const int num_groups = plan.num_groups;
-  const size_t num_pairs = num_keys16 / 2;
-  const bool interleaved = plan.span_groups == 2;
-  const __m512 zero = _mm512_setzero_ps();
   __m512 p_scale[kNumQ], s_scale[kSlice], carry[kNumQ][kSlice];
+#pragma GCC unroll 4
   for (int jj = 0; jj < kNumQ; ++jj) {
     p_scale[jj] = _mm512_set1_ps(p_factor[jj]);
-    for (int gg = 0; gg < kSlice; ++gg) carry[jj][gg] = zero;
+#pragma GCC unroll 4
+    for (int gg = 0; gg < kSlice; ++gg) carry[jj][gg] = _mm512_setzero_ps();
   }
+#pragma GCC unroll 4
   for (int gg = 0; gg < kSlice; ++gg) s_scale[gg] = _mm512_set1_ps(s_factor[g0 + gg]);
   const size_t last = num_keys16 - 16;
-  for (size_t k = 0; k < num_keys16; k += 16) {
-    __m512 scale[kSlice];
-    for (int gg = 0; gg < kSlice; ++gg) {
-      scale[gg] = _mm512_mul_ps(_mm512_loadu_ps(hs + (g0 + gg) * num_keys16 + k), s_scale[gg]);
-    }
-    for (int jj = 0; jj < kNumQ; ++jj) {
-      // (max with 0 first: a NaN weight becomes 0 and carries nothing)
-      const __m512 pn = _mm512_max_ps(
-          _mm512_mul_ps(_mm512_loadu_ps(p + (j0 + jj) * p_stride + k), p_scale[jj]), zero);
-      int32_t* row = weights + (static_cast<size_t>(j0 + jj) * num_groups + g0) * num_pairs;
-      __m128i quads[kSlice];
-      for (int gg = 0; gg < kSlice; ++gg) {
-        const __m512 y = _mm512_fmadd_ps(pn, scale[gg], carry[jj][gg]);
-        __m512 q;
-        if (k != last) {
-          q = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-          carry[jj][gg] = _mm512_sub_ps(y, q);
-        } else {  // the running sum along the lanes, rounded; each lane its step from the last
-          __m512 sum = _mm512_max_ps(y, zero);
-          sum = _mm512_add_ps(sum, LanesUp<1>(sum));
-          sum = _mm512_add_ps(sum, LanesUp<2>(sum));
-          sum = _mm512_add_ps(sum, LanesUp<4>(sum));
-          sum = _mm512_add_ps(sum, LanesUp<8>(sum));
-          const __m512 rounded =
-              _mm512_roundscale_ps(sum, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-          q = _mm512_sub_ps(rounded, LanesUp<1>(rounded));
-        }
-        quads[gg] = _mm512_cvtusepi32_epi8(_mm512_cvttps_epi32(q));
-        if (!interleaved) {
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(row + gg * num_pairs + k / 4), quads[gg]);
-        } else if (gg % 2 == 1) {
-          __m128i* to = reinterpret_cast<__m128i*>(row + (gg - 1) * num_pairs + k / 2);
-          _mm_storeu_si128(to, _mm_unpacklo_epi32(quads[gg - 1], quads[gg]));
-          _mm_storeu_si128(to + 1, _mm_unpackhi_epi32(quads[gg - 1], quads[gg]));
-        }
-      }
-    }
+  for (size_t k = 0; k < last; k += 16) {
+    QuantiseQuadRow<kNumQ, kSlice, false>(plan, num_keys16, p, p_stride, p_scale, s_scale, hs, j0,
+                                          g0, k, carry, weights);
   }
+  QuantiseQuadRow<kNumQ, kSlice, true>(plan, num_keys16, p, p_stride, p_scale, s_scale, hs, j0, g0,
+                                       last, carry, weights);
 }
 
 // The minima's sums where the weights are u8, sum_k p_j[k] hm_g[k], for kNumQ heads [j0, j0 +
