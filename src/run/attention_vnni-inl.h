@@ -1088,6 +1088,40 @@ KVS_VNNI_ATTR HWY_INLINE void AccumulatePairs(const VnniPlan& plan, const RowSet
   for (int i = 0; i < kNumQ * kBlocks; ++i) out[i] = acc[i];
 }
 
+// The weights of step u (a pair of keys, or with u8 weights four) of a span's row, in every
+// dword: one (kGroups 1) or the span's two groups' in alternate dwords (kGroups 2).
+template <int kGroups>
+KVS_VNNI_ATTR HWY_INLINE __m512i SpanWeight(const int32_t* ws, size_t u) {
+  if constexpr (kGroups == 1) {
+    return _mm512_set1_epi32(ws[u]);
+  } else {
+    int64_t both;
+    std::memcpy(&both, ws + 2 * u, sizeof(both));
+    return _mm512_set1_epi64(both);
+  }
+}
+
+// One step u of AccumulateSpans or AccumulateQuadSpans: acc[(j * kSpans + s) * kParts + r] +=
+// head j's weights for span s times codes[s * kParts + r], int16 pairs by vpdpwssd or (kQuads)
+// u8 quads by vpdpbusd.
+template <int kNumQ, int kSpans, int kParts, int kGroups, bool kQuads>
+KVS_VNNI_ATTR HWY_INLINE void WeighSpans(const int32_t* const* w, size_t u, const __m512i* codes,
+                                         __m512i* acc) {
+#pragma GCC unroll 4
+  for (int j = 0; j < kNumQ; ++j) {
+#pragma GCC unroll 2
+    for (int s = 0; s < kSpans; ++s) {
+      const __m512i weight = SpanWeight<kGroups>(w[j * kSpans + s], u);
+#pragma GCC unroll 4
+      for (int r = 0; r < kParts; ++r) {
+        __m512i& sum = acc[(j * kSpans + s) * kParts + r];
+        sum = kQuads ? _mm512_dpbusd_epi32(sum, weight, codes[s * kParts + r])
+                     : _mm512_dpwssd_epi32(sum, codes[s * kParts + r], weight);
+      }
+    }
+  }
+}
+
 // The i32 sums of one tile for kNumQ heads over the kSpans 16-byte spans [s0, s0 + kSpans) of
 // 4- or 2-bit codes (VnniPlan::value_spans): out[(j * kSpans + s) * kParts + r] for head j,
 // span s0 + s and part r, lane i holding element SpanElement. Per key pair and span, one
@@ -1140,26 +1174,7 @@ KVS_VNNI_ATTR HWY_INLINE void AccumulateSpans(const VnniPlan& plan, const RowSet
         codes[s * kParts + r] = r + 1 < kParts ? _mm512_and_si512(bytes, mask[r]) : bytes;
       }
     }
-#pragma GCC unroll 4
-    for (int j = 0; j < kNumQ; ++j) {
-#pragma GCC unroll 2
-      for (int s = 0; s < kSpans; ++s) {
-        const int32_t* ws = w[j * kSpans + s];
-        __m512i weight;
-        if constexpr (kGroups == 1) {
-          weight = _mm512_set1_epi32(ws[u]);
-        } else {
-          int64_t both;
-          std::memcpy(&both, ws + 2 * u, sizeof(both));
-          weight = _mm512_set1_epi64(both);
-        }
-#pragma GCC unroll 4
-        for (int r = 0; r < kParts; ++r) {
-          acc[(j * kSpans + s) * kParts + r] = _mm512_dpwssd_epi32(
-              acc[(j * kSpans + s) * kParts + r], codes[s * kParts + r], weight);
-        }
-      }
-    }
+    WeighSpans<kNumQ, kSpans, kParts, kGroups, false>(w, u, codes, acc);
   }
   // Part r's own sum from the cumulative ones: (C_r - C_{r-1}) / 2^(r kBits), exact (C_r -
   // C_{r-1} is that multiple of part r's sum). No sum overflows: |weight| <= 32767, a byte <= 255,
@@ -1233,26 +1248,7 @@ KVS_VNNI_ATTR HWY_INLINE void AccumulateQuadSpans(const VnniPlan& plan, const Ro
             _mm512_and_si512(r == 0 ? bytes : _mm512_srli_epi16(bytes, r * kBits), mask);
       }
     }
-#pragma GCC unroll 4
-    for (int j = 0; j < kNumQ; ++j) {
-#pragma GCC unroll 2
-      for (int s = 0; s < kSpans; ++s) {
-        const int32_t* ws = w[j * kSpans + s];
-        __m512i weight;
-        if constexpr (kGroups == 1) {
-          weight = _mm512_set1_epi32(ws[u]);
-        } else {
-          int64_t both;
-          std::memcpy(&both, ws + 2 * u, sizeof(both));
-          weight = _mm512_set1_epi64(both);
-        }
-#pragma GCC unroll 4
-        for (int r = 0; r < kParts; ++r) {
-          acc[(j * kSpans + s) * kParts + r] = _mm512_dpbusd_epi32(
-              acc[(j * kSpans + s) * kParts + r], weight, codes[s * kParts + r]);
-        }
-      }
-    }
+    WeighSpans<kNumQ, kSpans, kParts, kGroups, true>(w, u, codes, acc);
   }
   // No sum overflows: 4 keys of weight <= 255 and code <= 15 per vpdpbusd, kDecodeTile keys.
   static_assert(int64_t{255} * 15 * kDecodeTile <= INT32_MAX);
