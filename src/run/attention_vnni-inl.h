@@ -1088,6 +1088,16 @@ KVS_VNNI_ATTR HWY_INLINE void AccumulatePairs(const VnniPlan& plan, const RowSet
   for (int i = 0; i < kNumQ * kBlocks; ++i) out[i] = acc[i];
 }
 
+// kSpans 16-byte spans from `at` in the low bytes of a vector (the rest undefined).
+template <int kSpans>
+KVS_VNNI_ATTR HWY_INLINE __m512i LoadSpans(const std::byte* at) {
+  if constexpr (kSpans == 2) {
+    return _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
+  } else {
+    return _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
+  }
+}
+
 // The weights of step u (a pair of keys, or with u8 weights four) of a span's row, in every
 // dword: one (kGroups 1) or the span's two groups' in alternate dwords (kGroups 2).
 template <int kGroups>
@@ -1153,18 +1163,9 @@ KVS_VNNI_ATTR HWY_INLINE void AccumulateSpans(const VnniPlan& plan, const RowSet
 #pragma GCC unroll 16
   for (int i = 0; i < kNumQ * kSpans * kParts; ++i) acc[i] = _mm512_setzero_si512();
   for (size_t u = 0; u < num_pairs; ++u) {
-    __m512i x0, x1;  // the spans of both keys (only their first 16 kSpans bytes are read)
-    if constexpr (kSpans == 2) {
-      x0 = _mm512_castsi256_si512(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values.rows[2 * u] + offset)));
-      x1 = _mm512_castsi256_si512(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values.rows[2 * u + 1] + offset)));
-    } else {
-      x0 = _mm512_castsi128_si512(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(values.rows[2 * u] + offset)));
-      x1 = _mm512_castsi128_si512(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(values.rows[2 * u + 1] + offset)));
-    }
+    // The spans of both keys (only their first 16 kSpans bytes are read).
+    const __m512i x0 = LoadSpans<kSpans>(values.rows[2 * u] + offset);
+    const __m512i x1 = LoadSpans<kSpans>(values.rows[2 * u + 1] + offset);
     __m512i codes[kSpans * kParts];
 #pragma GCC unroll 2
     for (int s = 0; s < kSpans; ++s) {
@@ -1199,16 +1200,6 @@ KVS_VNNI_ATTR HWY_INLINE void AccumulateSpans(const VnniPlan& plan, const RowSet
 // pairs, for the same permutes per byte. Same out[] as AccumulateSpans (each part's own sum).
 //   weights[j * kSpans + s]: head j's u8 weights for span s0 + s, four keys per dword (kGroups
 //   1), or two dwords per four keys (kGroups 2: the span's two groups, alternating lanes)
-// kSpans 16-byte spans from `at` in the low bytes of a vector (the rest undefined).
-template <int kSpans>
-KVS_VNNI_ATTR HWY_INLINE __m512i LoadSpans(const std::byte* at) {
-  if constexpr (kSpans == 2) {
-    return _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
-  } else {
-    return _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
-  }
-}
-
 template <int kBits, int kNumQ, int kSpans, int kGroups>
 KVS_VNNI_ATTR HWY_INLINE void AccumulateQuadSpans(const VnniPlan& plan, const RowSet& values,
                                                   size_t num_quads, const int32_t* const* weights,
