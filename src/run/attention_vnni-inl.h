@@ -1625,10 +1625,12 @@ KVS_VNNI_ATTR bool QuantiseWeights(const VnniPlan& plan, const RowSet& values, s
                                    const float* p, size_t p_stride, int group, int32_t* weights,
                                    float* w_scale, float* min_sum) {
   const int num_groups = plan.num_groups;
-  thread_local std::vector<float> p_stats;  // per head: its largest p, then their sum
-  p_stats.resize(2 * static_cast<size_t>(group));
+  // Per head: its largest p, their sum, and the largest weight over the largest p.
+  thread_local std::vector<float> p_stats;
+  p_stats.resize(3 * static_cast<size_t>(group));
   float* p_max = p_stats.data();
   float* p_sum = p_max + group;
+  float* p_factor = p_sum + group;
   for (int j = 0; j < group; ++j) {
     __m512 vmax = _mm512_setzero_ps(), vsum = _mm512_setzero_ps();
     for (size_t k = 0; k < num_keys16; k += 16) {
@@ -1658,8 +1660,6 @@ KVS_VNNI_ATTR bool QuantiseWeights(const VnniPlan& plan, const RowSet& values, s
       SplitGroupScales<0>(plan, values, num_keys16, quads, hs, hm, s_max);
   }
   for (int g = 0; g < num_groups; ++g) s_factor[g] = s_max[g] > 0.0f ? 1.0f / s_max[g] : 0.0f;
-  thread_local std::vector<float> p_factor;  // per head: the largest weight over its largest p
-  p_factor.resize(group);
   const float largest = quads ? kQuadLargest : 32767.0f;
   for (int j = 0; j < group; ++j) {
     p_factor[j] = p_max[j] > 0.0f ? largest / p_max[j] : 0.0f;
@@ -1674,11 +1674,11 @@ KVS_VNNI_ATTR bool QuantiseWeights(const VnniPlan& plan, const RowSet& values, s
     num_q = group - j >= 4 ? 4 : group - j >= 2 ? 2 : 1;
     for (int g = 0, slice = 0; g < num_groups; g += slice) {
       slice = num_groups - g >= 4 ? 4 : num_groups - g >= 2 ? 2 : 1;
-#define KVS_SLICE(kNumQ, kSlice)                                                                  \
-  (quads ? (QuantiseQuadSlice<kNumQ, kSlice>(plan, num_keys16, p, p_stride, p_factor.data() + j,  \
-                                             s_factor, hs, j, g, weights),                        \
-            MinimaSumSlice<kNumQ, kSlice>(plan, num_keys16, p, p_stride, hm, j, g, min_sum))      \
-         : QuantiseWeightSlice<kNumQ, kSlice>(plan, num_keys16, p, p_stride, p_factor.data() + j, \
+#define KVS_SLICE(kNumQ, kSlice)                                                             \
+  (quads ? (QuantiseQuadSlice<kNumQ, kSlice>(plan, num_keys16, p, p_stride, p_factor + j,    \
+                                             s_factor, hs, j, g, weights),                   \
+            MinimaSumSlice<kNumQ, kSlice>(plan, num_keys16, p, p_stride, hm, j, g, min_sum)) \
+         : QuantiseWeightSlice<kNumQ, kSlice>(plan, num_keys16, p, p_stride, p_factor + j,   \
                                               s_factor, hs, hm, j, g, weights, min_sum))
 #define KVS_SLICES(kNumQ) \
   (slice == 4 ? KVS_SLICE(kNumQ, 4) : slice == 2 ? KVS_SLICE(kNumQ, 2) : KVS_SLICE(kNumQ, 1))
