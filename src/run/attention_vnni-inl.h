@@ -602,6 +602,13 @@ KVS_VNNI_ATTR HWY_INLINE void ScoreColumns(const VnniPlan& plan, const __m512i* 
   for (int j = 0; j < kNumQ; ++j) {
     total[j] = accumulate ? _mm512_loadu_ps(s + j * s_stride) : _mm512_setzero_ps();
   }
+  // hi alone: its step is 256 block_scale (exact), which saves the shift; the 256 goes into the
+  // groups' scales once here, not into every block's broadcast step.
+  __m512 step_scale[16];
+  const int g_begin = b_begin / blocks_per_group, g_end = (b_end - 1) / blocks_per_group + 1;
+  for (int g = g_begin; g < g_end; ++g) {
+    step_scale[g] = kPrecise ? scale[g] : _mm512_mul_ps(scale[g], _mm512_set1_ps(256.0f));
+  }
   for (int b = b_begin; b < b_end; ++b) {
     const int g = b / blocks_per_group;
     __m512i hi[kNumQ], lo[kNumQ];
@@ -626,15 +633,13 @@ KVS_VNNI_ATTR HWY_INLINE void ScoreColumns(const VnniPlan& plan, const __m512i* 
       }
     }
     for (int j = 0; j < kNumQ; ++j) {
-      // hi alone: its step is 256 block_scale (exact), which saves the shift.
       __m512i acc = kPrecise ? _mm512_add_epi32(_mm512_slli_epi32(hi[j], 8), lo[j]) : hi[j];
       if constexpr (kBits == 8) {
         acc = _mm512_sub_epi32(acc, _mm512_set1_epi32(q[j].correction[b]));
       }
-      const __m512 block_scale =
-          _mm512_set1_ps(kPrecise ? q[j].block_scale[b] : 256.0f * q[j].block_scale[b]);
-      total[j] =
-          _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(scale[g], block_scale), total[j]);
+      total[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc),
+                                 _mm512_mul_ps(step_scale[g], _mm512_set1_ps(q[j].block_scale[b])),
+                                 total[j]);
     }
     if constexpr (kBits != 8) {
       if ((b + 1) % blocks_per_group == 0) {
@@ -1526,13 +1531,15 @@ KVS_VNNI_ATTR HWY_INLINE void MinimaSumSlice(const VnniPlan& plan, size_t num_ke
   }
 }
 
-// The scales and minima of a tile's keys by group, hs and hm [num_groups][num_keys16], and each
-// group's largest |scale|, s_max [num_groups]. kGroups: plan.num_groups where known at compile
-// time (the scales stay in registers), else 0.
+// The scales and minima of a tile's keys by group, hs and hm [num_groups][num_keys16]; returns
+// each group's largest |scale| as lane g (lanes past num_groups 0). In lanes, not stored one by
+// one: a vector load of floats just stored singly waits for the stores to drain (in QuantiseWeights
+// that wait held a tenth of its samples). kGroups: plan.num_groups where known at compile time
+// (the scales stay in registers), else 0.
 template <int kGroups>
-KVS_VNNI_ATTR HWY_INLINE void SplitGroupScales(const VnniPlan& plan, const RowSet& values,
-                                               size_t num_keys16, bool quads, float* hs, float* hm,
-                                               float* s_max) {
+KVS_VNNI_ATTR HWY_INLINE __m512 SplitGroupScales(const VnniPlan& plan, const RowSet& values,
+                                                 size_t num_keys16, bool quads, float* hs,
+                                                 float* hm) {
   const int num_groups = kGroups > 0 ? kGroups : plan.num_groups;
   const __m512 middle = _mm512_set1_ps(MiddleCode(plan.bits));
   __m512 scale_max[16];
@@ -1550,7 +1557,27 @@ KVS_VNNI_ATTR HWY_INLINE void SplitGroupScales(const VnniPlan& plan, const RowSe
       scale_max[g] = _mm512_max_ps(scale_max[g], _mm512_abs_ps(scale[g]));
     }
   }
-  for (int g = 0; g < num_groups; ++g) s_max[g] = _mm512_reduce_max_ps(scale_max[g]);
+#pragma GCC unroll 16
+  for (int g = num_groups; g < (num_groups + 3) / 4 * 4; ++g) scale_max[g] = _mm512_setzero_ps();
+  __m512 s_max = _mm512_setzero_ps();
+#pragma GCC unroll 4
+  for (int g = 0; g < num_groups; g += 4) {
+    const __m512 four = _mm512_castps128_ps512(MaxOfLanes4(scale_max + g));
+    switch (g / 4) {  // (the lane immediate must be a constant)
+      case 0:
+        s_max = _mm512_insertf32x4(s_max, _mm512_castps512_ps128(four), 0);
+        break;
+      case 1:
+        s_max = _mm512_insertf32x4(s_max, _mm512_castps512_ps128(four), 1);
+        break;
+      case 2:
+        s_max = _mm512_insertf32x4(s_max, _mm512_castps512_ps128(four), 2);
+        break;
+      default:
+        s_max = _mm512_insertf32x4(s_max, _mm512_castps512_ps128(four), 3);
+    }
+  }
+  return s_max;
 }
 
 // u8 weights (TakesQuadWeights): the sums are taken as if each code were less its group's middle m
@@ -1645,27 +1672,31 @@ KVS_VNNI_ATTR bool QuantiseWeights(const VnniPlan& plan, const RowSet& values, s
   // Per group, the keys' scales and minima: [num_groups][num_keys16].
   float* hs = Scratch(kSlotHeaders, 2 * static_cast<size_t>(num_groups) * num_keys16);
   float* hm = hs + static_cast<size_t>(num_groups) * num_keys16;
-  float s_max[16], s_factor[16];
+  __m512 s_max;
   switch (num_groups) {  // (the common counts with the scales in registers)
     case 1:
-      SplitGroupScales<1>(plan, values, num_keys16, quads, hs, hm, s_max);
+      s_max = SplitGroupScales<1>(plan, values, num_keys16, quads, hs, hm);
       break;
     case 2:
-      SplitGroupScales<2>(plan, values, num_keys16, quads, hs, hm, s_max);
+      s_max = SplitGroupScales<2>(plan, values, num_keys16, quads, hs, hm);
       break;
     case 4:
-      SplitGroupScales<4>(plan, values, num_keys16, quads, hs, hm, s_max);
+      s_max = SplitGroupScales<4>(plan, values, num_keys16, quads, hs, hm);
       break;
     default:
-      SplitGroupScales<0>(plan, values, num_keys16, quads, hs, hm, s_max);
+      s_max = SplitGroupScales<0>(plan, values, num_keys16, quads, hs, hm);
   }
-  for (int g = 0; g < num_groups; ++g) s_factor[g] = s_max[g] > 0.0f ? 1.0f / s_max[g] : 0.0f;
+  // 1 / s_max (0 for 0), and each head and group's weight unit, from the lanes.
+  alignas(64) float s_factor[16];
+  const __mmask16 positive = _mm512_cmp_ps_mask(s_max, _mm512_setzero_ps(), _CMP_GT_OQ);
+  _mm512_store_ps(s_factor, _mm512_maskz_div_ps(positive, _mm512_set1_ps(1.0f), s_max));
+  const __mmask16 groups = static_cast<__mmask16>((1u << num_groups) - 1);
   const float largest = quads ? kQuadLargest : 32767.0f;
   for (int j = 0; j < group; ++j) {
     p_factor[j] = p_max[j] > 0.0f ? largest / p_max[j] : 0.0f;
-    for (int g = 0; g < num_groups; ++g) {
-      w_scale[j * num_groups + g] = p_max[j] * s_max[g] / largest;
-    }
+    _mm512_mask_storeu_ps(
+        w_scale + j * num_groups, groups,
+        _mm512_div_ps(_mm512_mul_ps(_mm512_set1_ps(p_max[j]), s_max), _mm512_set1_ps(largest)));
   }
   // Heads in steps of 4, 2 and 1, groups in slices of 4, 2 and 1: at most 16 sums, 4 scales,
   // 4 minima and 4 head factors in registers. (No lambda or generic dispatch: they would not
