@@ -411,6 +411,81 @@ TEST(AttentionTest, U8ValueWeightsKeepATilesMass) {
   SetValueWeightsForTest(ValueWeightsForTest::kChosen);
 }
 
+TEST(AttentionTest, U8ValueWeightsKeepEachGroupsMass) {
+  // u8 weights forced on one tile of 256 keys whose value rows are all the same: attention over
+  // them is that row whatever the softmax, and the kernel's distance to it is what each head and
+  // group's u8 weights miss of their exact sum. With x = 254 p / max p (every scale the same),
+  // out - row = (row - middle) (sum q - sum x) max p / (254 sum p), middle the group's middle
+  // value. The carries keep |sum q - sum x| within half a step (QuantiseQuadSlice; plus about
+  // 1/128 of a step per key's rounded product where QuantiseQuadRows16 runs): asserted at 0.6
+  // from what the kernel returns, for every head, group and element at least 1.5 codes from the
+  // middle. A spread softmax (every x above a step), so that no last-row weight is clipped.
+  if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512vbmi")) {
+    GTEST_SKIP() << "no AVX-512 VNNI and VBMI: the value weights are not rounded";
+  }
+  constexpr int kTokens = 256, kHeadDim = 128, kHeads = 4;
+  const AttentionParams params{kHeads, 1.0f / std::sqrt(static_cast<float>(kHeadDim))};
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> k(kTokens * kHeadDim), v(kTokens * kHeadDim), q(kHeads * kHeadDim);
+  for (float& x : k) x = normal(rng);
+  for (float& x : q) x = 0.5f * normal(rng);
+  for (int t = 0; t < kTokens; ++t) {
+    for (int e = 0; e < kHeadDim; ++e) {  // a ramp within every 16 elements, its own per 16
+      v[t * kHeadDim + e] =
+          static_cast<float>(e / 16) + (1.0f + 0.1f * (e / 16)) * (e % 16) / 15.0f;
+    }
+  }
+  // Per head, max p and sum p over the keys, in double (f32 keys: the kernel's scores agree).
+  std::vector<double> p_max(kHeads), p_sum(kHeads);
+  for (int j = 0; j < kHeads; ++j) {
+    std::vector<double> score(kTokens);
+    for (int t = 0; t < kTokens; ++t) {
+      double dot = 0.0;
+      for (int e = 0; e < kHeadDim; ++e) dot += double{q[j * kHeadDim + e]} * k[t * kHeadDim + e];
+      score[t] = dot * params.scale;
+    }
+    const double top = *std::max_element(score.begin(), score.end());
+    p_max[j] = 1.0;
+    for (const double x : score) p_sum[j] += std::exp(x - top);
+  }
+  Case c;
+  c.num_tokens = kTokens;
+  c.num_kv_heads = 1;
+  c.head_dim = kHeadDim;
+  c.k_codec = "f32";
+  const Layout layout{LayoutKind::kPaged, 64};
+  SetValueWeightsForTest(ValueWeightsForTest::kU8);
+  for (const char* codec : {"int4", "int4-g16", "int4-t16", "int2"}) {
+    c.v_codec = codec;
+    const TestCache cache = BuildCache(k, v, c, layout);
+    std::vector<float> row(q.size()), out(q.size());
+    AttentionReference(cache.view, q.data(), 1, params, row.data());
+    Attention(cache.view, q.data(), 1, params, out.data(), nullptr);
+    const int group_elems = std::string(codec) == "int4-g16" ? 16 : 32;
+    const int levels = std::string(codec) == "int2" ? 3 : 15;
+    double worst = 0.0;
+    for (int j = 0; j < kHeads; ++j) {
+      for (int g0 = 0; g0 < kHeadDim; g0 += group_elems) {
+        const float* r = row.data() + j * kHeadDim + g0;
+        const auto [lo, hi] = std::minmax_element(r, r + group_elems);
+        const double middle = (double{*lo} + *hi) / 2.0, step = (double{*hi} - *lo) / levels;
+        for (int e = g0; e < g0 + group_elems; ++e) {
+          const double from_middle = row[j * kHeadDim + e] - middle;
+          if (std::abs(from_middle) < 1.4 * step) continue;
+          const double missed = (double{out[j * kHeadDim + e]} - row[j * kHeadDim + e]) /
+                                (from_middle * p_max[j] / (254.0 * p_sum[j]));
+          worst = std::max(worst, std::abs(missed));
+        }
+      }
+    }
+    SCOPED_TRACE(codec);
+    EXPECT_LE(worst, 0.6);
+    EXPECT_GT(worst, 0.0);  // (u8 weights did run: int16 ones would miss 128 times less)
+  }
+  SetValueWeightsForTest(ValueWeightsForTest::kChosen);
+}
+
 TEST(AttentionTest, ValueWeightsFollowHowTheWeightsSpread) {
   // Where the VNNI readers run: a tile with one dominant key takes int16 weights (the output is
   // the one int16 weights give), one where the softmax spreads takes u8 (the output is u8's,
