@@ -1499,19 +1499,21 @@ KVS_VNNI_ATTR HWY_INLINE __m512i WordsOf(const float* x, __m512 f) {
 }
 
 // QuantiseQuadRows16's stores of one vector of two units' bytes for 16 keys (ordered as its
-// `order` index puts them): unit a's rows at a, unit b's at b (dword pointers at the 16 keys).
-// Masked stores of the whole vector, each at its row less the dwords that precede its part (b
-// lies at least 8 dwords past a in the weights, so no pointer falls before them).
+// `order` index puts them): unit a's rows at a, unit b's at b (dword pointers at the 16 keys;
+// b null: the vector holds unit a alone, its second half not stored). Masked stores of the
+// whole vector, each at its row less the dwords that precede its part (b lies at least 8
+// dwords past a in the weights, so no pointer falls before them).
 KVS_VNNI_ATTR HWY_INLINE void StoreQuadUnits(bool interleaved, size_t num_pairs, __m512i bytes,
                                              int32_t* a, int32_t* b) {
   if (interleaved) {  // a: dwords 0..7, b: 8..15
     _mm512_mask_storeu_epi32(a, 0x00FF, bytes);
-    _mm512_mask_storeu_epi32(b - 8, 0xFF00, bytes);
+    if (b != nullptr) _mm512_mask_storeu_epi32(b - 8, 0xFF00, bytes);
     return;
   }
   // a g, a g + 1, b g, b g + 1: 4 dwords each, the groups' rows num_pairs apart.
   _mm512_mask_storeu_epi32(a, 0x000F, bytes);
   _mm512_mask_storeu_epi32(a + num_pairs - 4, 0x00F0, bytes);
+  if (b == nullptr) return;
   _mm512_mask_storeu_epi32(b - 8, 0x0F00, bytes);
   _mm512_mask_storeu_epi32(b + num_pairs - 12, 0xF000, bytes);
 }
@@ -1573,19 +1575,11 @@ KVS_VNNI_ATTR HWY_INLINE void QuantiseQuadRows16(const VnniPlan& plan, size_t nu
     const size_t at = k / quads_at;
 #pragma GCC unroll 4
     for (int u = 0; u < kUnits; u += 2) {
-      if (u + 1 < kUnits) {
-        StoreQuadUnits(interleaved, num_pairs,
-                       _mm512_permutexvar_epi32(order, _mm512_packus_epi16(q[u], q[u + 1])),
-                       rows[u] + at, rows[u + 1] + at);
-      } else {  // (an odd count: the unit alone, its bytes twice; the copy is not stored)
-        const __m512i bytes = _mm512_permutexvar_epi32(order, _mm512_packus_epi16(q[u], q[u]));
-        if (interleaved) {
-          _mm512_mask_storeu_epi32(rows[u] + at, 0x00FF, bytes);
-        } else {
-          _mm512_mask_storeu_epi32(rows[u] + at, 0x000F, bytes);
-          _mm512_mask_storeu_epi32(rows[u] + at + num_pairs - 4, 0x00F0, bytes);
-        }
-      }
+      const bool pair = u + 1 < kUnits;  // (an odd count: the last unit alone, packed twice)
+      StoreQuadUnits(
+          interleaved, num_pairs,
+          _mm512_permutexvar_epi32(order, _mm512_packus_epi16(q[u], q[pair ? u + 1 : u])),
+          rows[u] + at, pair ? rows[u + 1] + at : nullptr);
     }
   }
   // r = (c - 64) / 128 by group, in key order: the low 256 bits of c hold keys 0..7, the high
