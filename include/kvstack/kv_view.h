@@ -29,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <utility>
 
 #include "kvstack/check.h"
 #include "kvstack/codec.h"
@@ -188,24 +189,60 @@ struct KvLayerView {
   int arena_begin() const { return sinks.end; }
   int arena_end() const { return pending.end > pending.begin ? pending.begin : num_tokens; }
 
+  // Logical tokens [logical, logical + count) at rows [row, row + count) of block block_id.
+  struct Run {
+    int count = 0;
+    int32_t block_id = 0;
+    int row = 0;
+  };
+  // The longest run of logical tokens from `logical` (< end) in consecutive rows of one block.
+  Run RunAt(int logical, int end) const {
+    const auto [index, row] = BlockIndexAndRow(logical, end);
+    return {std::min(end - logical, block_size - row), block_table[index], row};
+  }
   // Calls fn(logical_begin, count, block_id, row_begin) for maximal runs of logical tokens
   // [begin, end) that sit in consecutive rows of one block, in logical order.
   template <typename Fn>
   void ForEachRun(int begin, int end, Fn&& fn) const {
     KVS_DCHECK(0 <= begin && begin <= end && end <= num_tokens);
-    const int slots = num_slots();
-    int i = begin;
-    while (i < end) {
-      int slot = first_slot + i;
-      if (slot >= slots) slot -= slots;
-      const int row = slot % block_size;
-      const int count = std::min(end - i, block_size - row);
-      fn(i, count, block_table[slot / block_size], row);
-      i += count;
+    for (int i = begin; i < end;) {
+      const Run run = RunAt(i, end);
+      fn(i, run.count, run.block_id, run.row);
+      i += run.count;
     }
+  }
+  // RunAt for one arena, carried on over the blocks whose units follow the run's back to back
+  // in it (the next physical block, where a block's units of one head fill its block_stride:
+  // KvCache's head-major arenas with blocks taken in order). The run's units are then
+  // consecutive from arena.Unit(block_id, row / group_tokens, head): a reader fills a whole
+  // run with one stride instead of a call per block. (Not for ForEachRun's callers that
+  // write a block at a time.)
+  Run ArenaRunAt(const KvArenaView& arena, int logical, int end) const {
+    const auto [index, row] = BlockIndexAndRow(logical, end);
+    Run run{std::min(end - logical, block_size - row), block_table[index], row};
+    const int units = block_size / arena.group_tokens;
+    if (block_size % arena.group_tokens != 0 ||
+        arena.block_stride != static_cast<size_t>(units) * arena.unit_bytes) {
+      return run;
+    }
+    // (No division per block: a tile of a paged cache spans many.)
+    for (size_t next = index + 1; logical + run.count < end && next < block_table.size() &&
+                                  block_table[next] == block_table[next - 1] + 1;
+         ++next) {
+      run.count += std::min(end - logical - run.count, block_size);
+    }
+    return run;
   }
 
  private:
+  // The index into block_table of the block that holds logical token `logical` (< end), and
+  // its row there.
+  std::pair<size_t, int> BlockIndexAndRow(int logical, int end) const {
+    KVS_DCHECK(0 <= logical && logical < end && end <= num_tokens);
+    int slot = first_slot + logical;
+    if (slot >= num_slots()) slot -= num_slots();
+    return {static_cast<size_t>(slot / block_size), slot % block_size};
+  }
   KvArenaView OneHead(const KvArenaView& whole, std::span<const KvArenaView> per_head,
                       int kv_head) const {
     KVS_DCHECK(0 <= kv_head && kv_head < num_kv_heads);

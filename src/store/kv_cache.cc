@@ -4,12 +4,13 @@
 //   paged       blocks of config.block_size slots, taken as the sequence grows;
 //   contiguous  one block of `capacity` slots per sequence, taken by AddSequence;
 //   ring        as contiguous, but appends wrap and first_slot moves past the oldest tokens.
-// So the slot arithmetic lives in exactly one place, KvLayerView::ForEachRun, which both the
-// attention kernels and Write() go through. Next to the arenas each sequence has, per layer,
-// F32 side buffers: the sink tokens (config.sink_tokens) and, for codecs whose units hold
-// several tokens, the unit still filling ("pending"). This file creates the cache and manages
-// sequences and accounting; Write() and View(), which know the segments, are in
-// kv_cache_rows.cc; eviction (RetainTokens) is in kv_cache_evict.cc.
+// So the slot arithmetic lives in exactly one place, KvLayerView's BlockIndexAndRow (under
+// RunAt, ForEachRun and ArenaRunAt), which both the attention kernels and Write() go through.
+// Next to the arenas each sequence has, per layer, F32 side buffers: the sink tokens
+// (config.sink_tokens) and, for codecs whose units hold several tokens, the unit still filling
+// ("pending"). This file creates the cache and manages sequences and accounting; Write() and
+// View(), which know the segments, are in kv_cache_rows.cc; eviction (RetainTokens) is in
+// kv_cache_evict.cc.
 #include "kvstack/kv_cache.h"
 
 #include <algorithm>

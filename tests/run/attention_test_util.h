@@ -147,11 +147,18 @@ inline TestCache BuildCache(const std::vector<float>& k, const std::vector<float
       first_slot = block_size - std::max(1, num_tokens / 2);  // wraps after half the tokens
       break;
   }
-  // Shuffled physical ids, so logical order differs from address order.
-  std::vector<int32_t> ids(num_physical);
-  std::iota(ids.begin(), ids.end(), 0);
-  std::shuffle(ids.begin(), ids.end(), std::mt19937(7));
-  cache.block_table.assign(ids.begin(), ids.begin() + num_blocks);
+  // Physical ids in pairs that follow each other, the pairs shuffled: logical order differs
+  // from address order, and readers that carry a run of rows on into the next physical block
+  // (KvLayerView::ArenaRunAt) meet blocks that do follow and blocks that do not.
+  std::vector<int32_t> pairs((num_physical + 1) / 2);
+  std::iota(pairs.begin(), pairs.end(), 0);
+  std::shuffle(pairs.begin(), pairs.end(), std::mt19937(7));
+  for (int32_t pair : pairs) {
+    for (int32_t id : {2 * pair, 2 * pair + 1}) {
+      if (id < num_physical) cache.block_table.push_back(id);
+    }
+  }
+  cache.block_table.resize(num_blocks);
 
   const size_t row_elems = static_cast<size_t>(num_kv_heads) * head_dim;
   const std::vector<float> decoy = RandomVector(num_tokens * row_elems, 2.0f, 99);
@@ -162,9 +169,10 @@ inline TestCache BuildCache(const std::vector<float>& k, const std::vector<float
     arena_view.codec_impl = &codec;
     arena_view.group_tokens = group_tokens;
     arena_view.unit_bytes = codec.unit_bytes();
-    arena_view.head_stride = arena_view.unit_bytes * (block_size / group_tokens);
-    arena_view.block_stride = arena_view.head_stride * num_kv_heads;
-    arena.assign(arena_view.block_stride * num_physical, std::byte{0xff});
+    // Head-major, as KvCache's: [num_kv_heads][num_physical][units of a block].
+    arena_view.block_stride = arena_view.unit_bytes * (block_size / group_tokens);
+    arena_view.head_stride = arena_view.block_stride * num_physical;
+    arena.assign(arena_view.head_stride * num_kv_heads, std::byte{0xff});
     arena_view.base = arena.data();
     const int num_slots = num_blocks * block_size;
     std::vector<float> unit(static_cast<size_t>(group_tokens) * head_dim);
