@@ -1479,17 +1479,7 @@ KVS_VNNI_ATTR HWY_INLINE void QuantiseQuadRow(const VnniPlan& plan, size_t num_k
   }
 }
 
-// The rows [0, end) of QuantiseQuadSlice for an even kSlice in 16-bit integers, a third fewer
-// instructions than QuantiseQuadRow's floats (whose row is the tile's last). Per head j and pair
-// of groups (g, g + 1), 32 words: P = p 32767 / max p and S = s kScaleWords / max |s| are rounded
-// to 15 bits, and vpmulhrsw's y = round(P S / 32768) is 128 x, off by about 1/128 of a step with
-// either sign (P, S and y each rounded to nearest: no bias for the carries to pile up). Each lane
-// carries c = 64 + 128 r, r its rounding error in [-0.5, 0.5): q = (y + c) >> 7 is the nearest
-// step of x + r, and c' = (y + c) & 127 (y + c <= 32512 + 127, q <= 254). The words' order,
-// from vpackusdw of two 16-key vectors, is (g: keys 4l..4l+3, g + 1: the same) in 128-bit lane
-// l; vpackuswb of two such units and one vpermd give each row's bytes. On return `carry` holds
-// each head and group's r as floats in key order, for the last row.
-//   p_factor: [kNumQ] (kQuadLargest over the head's largest p); s_factor: [num_groups]
+// QuantiseQuadRows16's scale factor for the groups' scales (see there).
 constexpr float kScaleWords = 32512.0f * 32768.0f / 32767.0f;  // round(P S / 32768) = 128 x
 
 // The integer nearest x f for 16 floats, as dwords: negative and NaN products become 0 in
@@ -1518,6 +1508,17 @@ KVS_VNNI_ATTR HWY_INLINE void StoreQuadUnits(bool interleaved, size_t num_pairs,
   _mm512_mask_storeu_epi32(b + num_pairs - 12, 0xF000, bytes);
 }
 
+// The rows [0, end) of QuantiseQuadSlice for an even kSlice in 16-bit integers, a third fewer
+// instructions than QuantiseQuadRow's floats (whose row is the tile's last). Per head j and pair
+// of groups (g, g + 1), 32 words: P = p 32767 / max p and S = s kScaleWords / max |s| are rounded
+// to 15 bits, and vpmulhrsw's y = round(P S / 32768) is 128 x, off by about 1/128 of a step with
+// either sign (P, S and y each rounded to nearest: no bias for the carries to pile up). Each lane
+// carries c = 64 + 128 r, r its rounding error in [-0.5, 0.5): q = (y + c) >> 7 is the nearest
+// step of x + r, and c' = (y + c) & 127 (y + c <= 32512 + 127, q <= 254). The words' order,
+// from vpackusdw of two 16-key vectors, is (g: keys 4l..4l+3, g + 1: the same) in 128-bit lane
+// l; vpackuswb of two such units and one vpermd give each row's bytes. On return `carry` holds
+// each head and group's r as floats in key order, for the last row.
+//   p_factor: [kNumQ] (kQuadLargest over the head's largest p); s_factor: [num_groups]
 template <int kNumQ, int kSlice>
 KVS_VNNI_ATTR HWY_INLINE void QuantiseQuadRows16(const VnniPlan& plan, size_t num_keys16,
                                                  const float* p, size_t p_stride,
