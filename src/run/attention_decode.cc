@@ -199,6 +199,8 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
     float* const s = in_place ? sink->probs + t0 : scratch;  // [group, s_stride]
     FillRows(view, k_side, true, kv_head, t0, t1, &keys);
     FillRows(view, v_side, false, kv_head, t0, t1, &values);
+    PrefetchTileStart(keys, num_keys);
+    PrefetchTileStart(values, num_keys);
     if (amx_keys) {
       AmxScoreTile(vnni, keys, values, num_keys, amx_queries, group, s, s_stride);
     } else if (vnni.ok) {

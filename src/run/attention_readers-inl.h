@@ -80,11 +80,12 @@ void LoadRowScalesOfTile(const std::byte* const* rows, size_t num_rows,
 struct RowSet {
   const std::byte* rows[kDecodeTile];
   const std::byte* hdrs[kDecodeTile];
-  int group_elems = 0;         // kInt4/kInt2: elements per (scale, min) pair within a row
-  int num_header_floats = 0;   // kInt4/kInt2: 2 * groups per row
-  size_t prefetch_bytes = 0;   // bytes worth prefetching per row (0: do not prefetch)
-  size_t prefetch_lead = 0;    // bytes before a run of rows requested with it (tiles: headers)
-  bool absmax_header = false;  // header holds one f16 d per group: (scale, min) = (d, -8 d)
+  int group_elems = 0;            // kInt4/kInt2: elements per (scale, min) pair within a row
+  int num_header_floats = 0;      // kInt4/kInt2: 2 * groups per row
+  size_t prefetch_bytes = 0;      // bytes worth prefetching per row (0: do not prefetch)
+  size_t prefetch_lead = 0;       // bytes before a run of rows requested with it (tiles: headers)
+  bool requests_into_l2 = false;  // RequestLine's cache level
+  bool absmax_header = false;     // header holds one f16 d per group: (scale, min) = (d, -8 d)
 };
 
 // Scores of keys read as unscaled codes (row-scaled readers, IsRowScaled) times each key
@@ -158,6 +159,7 @@ void FillRows(const KvLayerView& view, const SideSpec& side, bool keys, int kv_h
   set->absmax_header = side.absmax_header;
   set->prefetch_bytes = 0;
   set->prefetch_lead = side.tiled ? side.code_offset : 0;
+  set->requests_into_l2 = !IsFp8CodeReader(side.reader);
   switch (side.fill) {
     case FillKind::kSinks:
     case FillKind::kPending: {
@@ -426,6 +428,24 @@ HWY_INLINE void ForEachHeadStep(int group, Fn&& fn) {
   for (; j < group; ++j) fn(j, std::integral_constant<int, 1>());
 }
 
+// Requests the cache line at `p` of `set`: into L2 where the set asks for it on the AVX-512
+// targets, else into L1. On AMD Zen 4 a request into L1 holds one of the L1's few miss buffers
+// until its line arrives, which capped what one core had in flight from DRAM: into L2, shape B
+// from memory was 10-30 % faster (bf16, int8, int4 at 16k-64k, one thread and two) and as fast
+// from cache; on the Intel AMX kind it was neutral (twenty-third round). FP8 rows, whose readers
+// are bound by their conversions, were 3-8 % slower with it (end to end at 16k and shape B on
+// two threads), so they stay in L1; so does the AVX2 target, where bf16 at 32k was 21 % slower
+// with it on Zen 3 (seventeenth round). docs/representation-speed.md, twenty-eighth round.
+HWY_INLINE void RequestLine(const RowSet& set, const std::byte* p) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  if (set.requests_into_l2) {
+    __builtin_prefetch(p, 0, 2);
+    return;
+  }
+#endif
+  hwy::Prefetch(p);
+}
+
 // Requests rows [first, end) of `set`: as one byte range, each line once, where they lie back
 // to back (within a block), else row by row.
 HWY_INLINE bool PrefetchRange(const RowSet& set, size_t first, size_t end) {
@@ -434,26 +454,42 @@ HWY_INLINE bool PrefetchRange(const RowSet& set, size_t first, size_t end) {
   const std::byte* last = set.rows[end - 1] + set.prefetch_bytes - 1;
   const std::byte* lead = begin - set.prefetch_lead;
   const std::byte* line = lead - reinterpret_cast<uintptr_t>(lead) % kCacheLine;
-  for (; line <= last; line += kCacheLine) hwy::Prefetch(line);
+  for (; line <= last; line += kCacheLine) RequestLine(set, line);
   return true;
 }
 
+// Requests rows [first, end) of `set`, end - first <= 4: as one range where they lie back to
+// back (PrefetchRange: 5 requests instead of 8 for 4-bit rows of head_dim 128, OneThreadB/int4/
+// 1024 1-3 % faster), else row by row.
+HWY_INLINE void PrefetchRows(const RowSet& set, size_t first, size_t end) {
+  if (first >= end || PrefetchRange(set, first, end)) return;
+  for (size_t row = first; row < end; ++row) {
+    for (size_t line = 0; line < set.prefetch_bytes; line += kCacheLine) {
+      RequestLine(set, set.rows[row] + line);
+    }
+  }
+}
+
 // Requests the four rows kPrefetchAhead keys past `key` (callers step by 4 keys; keys and values
-// both: the value pass then reads from L2). Blocks of a paged cache are a few KiB apart from the
-// next block of the same head, which stops the hardware prefetchers at every block. (Requesting
-// only the start of each run of rows and leaving the rest to the hardware was faster for caches
-// that fit in L2 but a third slower from DRAM: bf16 at 32k tokens 9.6 ms instead of 6.2 ms.)
-// Rows that lie back to back (within a block) are requested as one byte range, each line once:
-// 5 requests instead of 8 for 4-bit rows of head_dim 128 (OneThreadB/int4/1024 1-3 % faster).
+// both: the value pass then reads from cache). Blocks of a paged cache are a few KiB apart from
+// the next block of the same head, which stops the hardware prefetchers at every block.
+// (Requesting only the start of each run of rows and leaving the rest to the hardware was
+// faster for caches that fit in L2 but a third slower from DRAM: bf16 at 32k tokens 9.6 ms
+// instead of 6.2 ms.)
 HWY_INLINE void PrefetchAhead(const RowSet& set, size_t key, size_t num_keys) {
   if (set.prefetch_bytes == 0) return;
   const size_t first = key + kPrefetchAhead;
-  const size_t end = std::min(num_keys, first + 4);
-  if (first >= end || PrefetchRange(set, first, end)) return;
-  for (size_t ahead = first; ahead < end; ++ahead) {
-    for (size_t line = 0; line < set.prefetch_bytes; line += kCacheLine) {
-      hwy::Prefetch(set.rows[ahead] + line);
-    }
+  PrefetchRows(set, first, std::min(num_keys, first + 4));
+}
+
+// Requests a tile's first kPrefetchAhead rows, which no PrefetchAhead within the tile requests:
+// once per tile, before its key pass. On Zen 4 from DRAM: int4 and int8 on two threads 3-17 %
+// faster, fp8_e4m3 end to end at 16k 6-12 %, bf16 within the noise (twenty-eighth round).
+HWY_INLINE void PrefetchTileStart(const RowSet& set, size_t num_keys) {
+  if (set.prefetch_bytes == 0) return;
+  const size_t end = std::min(num_keys, kPrefetchAhead);
+  for (size_t first = 0; first < end; first += 4) {
+    PrefetchRows(set, first, std::min(end, first + 4));
   }
 }
 

@@ -121,6 +121,11 @@ constexpr float RowScaleFactor(Reader r) {
 // do not take.
 constexpr float SplitOrderFactor(Reader r) { return IsE4M3PairsReader(r) ? kE4M3PairsScale : 1; }
 
+// Readers of 8-bit floating-point codes, in any of their forms.
+constexpr bool IsFp8CodeReader(Reader r) {
+  return IsE4M3Reader(r) || r == Reader::kFp8E5M2 || IsE4M3PairsReader(r);
+}
+
 constexpr bool IsFloatReader(Reader r) {
   return r == Reader::kF32 || r == Reader::kF16 || r == Reader::kBF16;
 }
