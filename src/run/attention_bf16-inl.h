@@ -430,6 +430,7 @@ KVS_BF16_ATTR HWY_INLINE void Bf16AccumulateSlice(const RowSet& values, size_t c
   if constexpr (kWiden) {  // count keys, one F32 weight each
     const float* wf = reinterpret_cast<const float*>(w);
     for (size_t key = 0; key < count; ++key) {
+      RequestStep(values);
       __m512 wv[kNumQ];
       for (int j = 0; j < kNumQ; ++j) wv[j] = _mm512_set1_ps(wf[j * w_stride + key]);
       for (int c = 0; c < kChunks; ++c) {
@@ -445,6 +446,7 @@ KVS_BF16_ATTR HWY_INLINE void Bf16AccumulateSlice(const RowSet& values, size_t c
     constexpr size_t kElementBytes = kR == Reader::kBF16 ? sizeof(uint16_t) : 1;
     const size_t offset = (kR == Reader::kBF16 ? 0 : sizeof(uint16_t)) + e0 * kElementBytes;
     for (size_t pair = 0; pair < count; ++pair) {
+      RequestStep(values);
       const std::byte* first = values.rows[2 * pair] + offset;
       const std::byte* second = values.rows[2 * pair + 1] + offset;
       __m512bh wv[kNumQ];

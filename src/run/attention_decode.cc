@@ -185,7 +185,16 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
     vnni_queries.resize(group);
     MaddPrepareQueries(madd, q, group, vnni_queries.data());
   }
-  RowSet keys, values;
+  // The keys of this tile and the next (filled before this tile's value pass, which requests
+  // them: RowRequests), and this tile's values.
+  RowSet key_sets[2], values;
+  RowSet* keys_now = &key_sets[0];
+  RowSet* keys_next = &key_sets[1];
+  if (begin < end) {
+    FillRows(view, k_side, true, kv_head, begin, std::min(end, begin + kDecodeTile), keys_now);
+  }
+  RowRequests next_keys;
+  size_t value_steps = 0;  // RequestStep calls of the last value pass
   for (int j = 0; j < group; ++j) {
     float* st = state + j * state_stride;
     std::fill(st, st + head_dim, 0.0f);
@@ -197,9 +206,10 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
     const int t1 = std::min(end, t0 + kDecodeTile);
     const size_t num_keys = static_cast<size_t>(t1 - t0);
     float* const s = in_place ? sink->probs + t0 : scratch;  // [group, s_stride]
-    FillRows(view, k_side, true, kv_head, t0, t1, &keys);
+    const RowSet& keys = *keys_now;
     FillRows(view, v_side, false, kv_head, t0, t1, &values);
-    PrefetchTileStart(keys, num_keys);
+    // (With kValuePassRequests, the value pass before requested a later tile's keys.)
+    if (t0 == begin || !kValuePassRequests) PrefetchTileStart(keys, num_keys);
     PrefetchTileStart(values, num_keys);
     if (amx_keys) {
       AmxScoreTile(vnni, keys, values, num_keys, amx_queries, group, s, s_stride);
@@ -255,6 +265,11 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
         sink->tile_max[(t0 - begin) / kDecodeTile * group + j] = new_max;
       }
     }
+    const int t2 = std::min(end, t1 + kDecodeTile);  // the next tile's end
+    if (t1 < end) FillRows(view, k_side, true, kv_head, t1, t2, keys_next);
+    next_keys.Start(kValuePassRequests && t1 < end ? keys_next : nullptr,
+                    static_cast<size_t>(t2 - t1), value_steps > 0 ? value_steps : num_keys);
+    values.requests = &next_keys;
     if (amx_values) {
       AmxAccumulateTile(vnni_values, values, num_keys, s, s_stride, group, state, state_stride);
     } else if (vnni_values.ok) {
@@ -266,6 +281,9 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
     } else {
       accumulate(values, num_keys, s, s_stride, group, head_dim, state, state_stride);
     }
+    value_steps = next_keys.steps();
+    next_keys.Finish();
+    std::swap(keys_now, keys_next);
   }
   if (IsSplitReader(v_reader) && !vnni_values.ok && !madd_values.ok && !bf16.values) {
     // split order: back to element order

@@ -692,6 +692,7 @@ HWY_INLINE void MaddAccumulateSlice(const RowSet& values, size_t num_pairs, size
   __m256i sums[4 * kNumQ];  // local, so that they stay in registers through the loop
   for (int i = 0; i < 4 * kNumQ; ++i) sums[i] = _mm256_setzero_si256();
   for (size_t u = 0; u < num_pairs; ++u) {
+    RequestStep(values);
     __m256i w[kNumQ];
     for (int j = 0; j < kNumQ; ++j) w[j] = _mm256_set1_epi32(weights[j][u]);
     if constexpr (kBits == 8) {

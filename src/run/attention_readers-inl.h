@@ -74,6 +74,8 @@ void LoadRowScalesOfTile(const std::byte* const* rows, size_t num_rows,
   }
 }
 
+struct RowRequests;
+
 // Where the keys (or values) of one tile are: rows[i] is the data of tile key i in the reader's
 // format, hdrs[i] its header (integer groups and KIVI units). Padded to a multiple of 16 keys by
 // repeating the last key.
@@ -86,6 +88,9 @@ struct RowSet {
   size_t prefetch_lead = 0;       // bytes before a run of rows requested with it (tiles: headers)
   bool requests_into_l2 = false;  // RequestLine's cache level
   bool absmax_header = false;     // header holds one f16 d per group: (scale, min) = (d, -8 d)
+  // Rows of another tile that the readers of this set request as they go (RequestStep), or
+  // null: the value pass requests the next tile's keys.
+  RowRequests* requests = nullptr;
 };
 
 // Scores of keys read as unscaled codes (row-scaled readers, IsRowScaled) times each key
@@ -160,6 +165,7 @@ void FillRows(const KvLayerView& view, const SideSpec& side, bool keys, int kv_h
   set->prefetch_bytes = 0;
   set->prefetch_lead = side.tiled ? side.code_offset : 0;
   set->requests_into_l2 = !IsFp8CodeReader(side.reader);
+  set->requests = nullptr;
   switch (side.fill) {
     case FillKind::kSinks:
     case FillKind::kPending: {
@@ -436,9 +442,11 @@ HWY_INLINE void ForEachHeadStep(int group, Fn&& fn) {
 // are bound by their conversions, were 3-8 % slower with it (end to end at 16k and shape B on
 // two threads), so they stay in L1; so does the AVX2 target, where bf16 at 32k was 21 % slower
 // with it on Zen 3 (seventeenth round). docs/representation-speed.md, twenty-eighth round.
-HWY_INLINE void RequestLine(const RowSet& set, const std::byte* p) {
+// `far`: a line wanted a whole pass later (RowRequests), into L2 on the AVX-512 targets whatever
+// the set asks: for FP8 keys, 5 % faster at 32k on one thread than into L1 (twenty-ninth round).
+HWY_INLINE void RequestLine(const RowSet& set, const std::byte* p, bool far) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  if (set.requests_into_l2) {
+  if (far || set.requests_into_l2) {
     __builtin_prefetch(p, 0, 2);
     return;
   }
@@ -448,25 +456,86 @@ HWY_INLINE void RequestLine(const RowSet& set, const std::byte* p) {
 
 // Requests rows [first, end) of `set`: as one byte range, each line once, where they lie back
 // to back (within a block), else row by row.
-HWY_INLINE bool PrefetchRange(const RowSet& set, size_t first, size_t end) {
+HWY_INLINE bool PrefetchRange(const RowSet& set, size_t first, size_t end, bool far) {
   const std::byte* begin = set.rows[first];
   if (set.rows[end - 1] != begin + (end - 1 - first) * set.prefetch_bytes) return false;
   const std::byte* last = set.rows[end - 1] + set.prefetch_bytes - 1;
   const std::byte* lead = begin - set.prefetch_lead;
   const std::byte* line = lead - reinterpret_cast<uintptr_t>(lead) % kCacheLine;
-  for (; line <= last; line += kCacheLine) RequestLine(set, line);
+  for (; line <= last; line += kCacheLine) RequestLine(set, line, far);
   return true;
 }
 
-// Requests rows [first, end) of `set`, end - first <= 4: as one range where they lie back to
+// Requests rows [first, end) of `set` (a few): as one range where they lie back to
 // back (PrefetchRange: 5 requests instead of 8 for 4-bit rows of head_dim 128, OneThreadB/int4/
 // 1024 1-3 % faster), else row by row.
-HWY_INLINE void PrefetchRows(const RowSet& set, size_t first, size_t end) {
-  if (first >= end || PrefetchRange(set, first, end)) return;
+HWY_INLINE void PrefetchRows(const RowSet& set, size_t first, size_t end, bool far = false) {
+  if (first >= end || PrefetchRange(set, first, end, far)) return;
   for (size_t row = first; row < end; ++row) {
     for (size_t line = 0; line < set.prefetch_bytes; line += kCacheLine) {
-      RequestLine(set, set.rows[row] + line);
+      RequestLine(set, set.rows[row] + line, far);
     }
+  }
+}
+
+// The rows of another tile requested during a pass that reads its own rows from cache: the
+// value pass requests the next tile's keys, so that the memory does not idle while it runs (the
+// key pass requests its own tile's keys and values). Spread evenly over the pass's steps, at
+// the rate that its step count in the tile before gave (the first tile: one row per key);
+// requested all at once, most requests were dropped (twenty-eighth round), and over half the
+// pass, bf16 at 32k was 25 % slower than over all of it (twenty-ninth round).
+struct RowRequests {
+  // Starts requesting rows [0, num_rows) of `set` over `expected_steps` calls of Step.
+  void Start(const RowSet* rows, size_t num_rows, size_t expected_steps) {
+    set = rows;
+    next = 0;
+    end = rows == nullptr || rows->prefetch_bytes == 0 ? 0 : num_rows;
+    num_steps = 0;
+    credit = 0;
+    rate = end == 0 ? 0 : static_cast<uint32_t>((end << 16) / std::max<size_t>(1, expected_steps));
+  }
+  // One step of the pass: the rows now due.
+  HWY_INLINE void Step() {
+    ++num_steps;
+    credit += rate;
+    const size_t due = credit >> 16;
+    if (due == 0 || next >= end) return;
+    credit &= 0xFFFF;
+    const size_t last = std::min(end, next + due);
+    PrefetchRows(*set, next, last, true);
+    next = last;
+  }
+  // Requests what no step has (readers that do not step: AMX, FP16).
+  void Finish() {
+    for (; next < end; next += 4) PrefetchRows(*set, next, std::min(end, next + 4), true);
+  }
+
+  size_t steps() const { return num_steps; }  // Step calls since Start
+
+ private:
+  size_t num_steps = 0;
+  const RowSet* set = nullptr;
+  size_t next = 0;
+  size_t end = 0;
+  uint32_t credit = 0;  // rows due, 16.16 fixed point
+  uint32_t rate = 0;    // rows per step, 16.16 fixed point
+};
+
+// Whether the value pass requests the next tile's keys (RowRequests): on the AVX-512 targets.
+// On the AVX2 target (measured on Zen 4, --avx2) it made bf16 25 % slower at 1k and every codec
+// 4-15 % slower at 1k and 32k: its readers take more, shorter passes over a tile, each step of
+// which paid for the bookkeeping, and its requests go into L1.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+constexpr bool kValuePassRequests = true;
+#else
+constexpr bool kValuePassRequests = false;
+#endif
+
+// One step of a pass over `set` (a step of a value reader's loop over its keys): requests the
+// rows of another tile now due (RowSet::requests).
+HWY_INLINE void RequestStep(const RowSet& set) {
+  if constexpr (kValuePassRequests) {
+    if (set.requests != nullptr) set.requests->Step();
   }
 }
 
@@ -501,7 +570,7 @@ HWY_INLINE void PrefetchAhead16(const RowSet& set, size_t key, size_t num_keys) 
   if (set.prefetch_bytes == 0) return;
   const size_t first = key + kPrefetchAhead;
   const size_t end = std::min(num_keys, first + 16);
-  if (first >= end || PrefetchRange(set, first, end)) return;
+  if (first >= end || PrefetchRange(set, first, end, false)) return;
   for (size_t k = key; k < key + 16; k += 4) PrefetchAhead(set, k, num_keys);
 }
 
@@ -655,6 +724,7 @@ HWY_INLINE void AccumulateSlice(D d, const RowSet& values, size_t num_keys,
     for (size_t v = 0; v < kVecs; ++v) a[j][v] = hn::LoadU(d, acc + j * acc_stride + i0 + v * n);
   }
   for (size_t key = 0; key < num_keys; ++key) {
+    RequestStep(values);
     hn::Vec<D> w[kNumQ];
     HWY_UNROLL(8)
     for (int j = 0; j < kNumQ; ++j) w[j] = hn::Set(d, p[j * p_stride + key]);

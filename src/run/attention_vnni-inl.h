@@ -1071,6 +1071,7 @@ KVS_VNNI_ATTR HWY_INLINE void AccumulatePairs(const VnniPlan& plan, const RowSet
     acc[i] = _mm512_setzero_si512();
   }
   for (size_t u = 0; u < num_pairs; ++u) {
+    RequestStep(values);
     const __m512i x0 = _mm512_maskz_loadu_epi8(mask, values.rows[2 * u] + offset);
     const __m512i x1 = _mm512_maskz_loadu_epi8(mask, values.rows[2 * u + 1] + offset);
     __m512i codes[kBlocks];
@@ -1168,6 +1169,7 @@ KVS_VNNI_ATTR HWY_INLINE void AccumulateSpans(const VnniPlan& plan, const RowSet
 #pragma GCC unroll 16
   for (int i = 0; i < kNumQ * kSpans * kParts; ++i) acc[i] = _mm512_setzero_si512();
   for (size_t u = 0; u < num_pairs; ++u) {
+    RequestStep(values);
     // The spans of both keys (only their first 16 kSpans bytes are read).
     const __m512i x0 = LoadSpans<kSpans>(values.rows[2 * u] + offset);
     const __m512i x1 = LoadSpans<kSpans>(values.rows[2 * u + 1] + offset);
@@ -1228,6 +1230,7 @@ KVS_VNNI_ATTR HWY_INLINE void AccumulateQuadSpans(const VnniPlan& plan, const Ro
   for (int i = 0; i < kNumQ * kSpans * kParts; ++i) acc[i] = _mm512_setzero_si512();
   const std::byte* const* rows = values.rows;
   for (size_t u = 0; u < num_quads; ++u) {
+    RequestStep(values);
     const __m512i pair01 =
         _mm512_permutex2var_epi8(LoadSpans<kSpans>(rows[4 * u] + offset), pair_index,
                                  LoadSpans<kSpans>(rows[4 * u + 1] + offset));
