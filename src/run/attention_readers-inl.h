@@ -89,7 +89,7 @@ struct RowSet {
   bool requests_into_l2 = false;  // RequestLine's cache level
   bool absmax_header = false;     // header holds one f16 d per group: (scale, min) = (d, -8 d)
   // Rows of another tile that the readers of this set request as they go (RequestStep), or
-  // null: the value pass requests the next tile's keys.
+  // null. A value pass's set carries the next tile's keys.
   RowRequests* requests = nullptr;
 };
 
@@ -485,7 +485,8 @@ HWY_INLINE void PrefetchRows(const RowSet& set, size_t first, size_t end, bool f
 // requested all at once, most requests were dropped (twenty-eighth round), and over half the
 // pass, bf16 at 32k was 25 % slower than over all of it (twenty-ninth round).
 struct RowRequests {
-  // Starts requesting rows [0, num_rows) of `set` over `expected_steps` calls of Step.
+  // Starts requesting rows [0, num_rows) of `rows` (null: none) over `expected_steps` calls of
+  // Step.
   void Start(const RowSet* rows, size_t num_rows, size_t expected_steps) {
     set = rows;
     next = 0;
