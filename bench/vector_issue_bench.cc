@@ -1,15 +1,17 @@
-// Issue rate of the x86 vector instructions the AVX2 decode readers are made of (the float
-// readers and src/run/attention_madd-inl.h): instructions per second on one thread, each kind
-// alone and in pairs of kinds. A loop turn holds 14 instructions on 14 registers, one each, so
-// a turn's chains are one instruction long: latency bounds a turn at its kinds' longest (14 per
-// 4 cycles for FMAs, 3.5 a cycle, above any pair's issue rate measured), and what is measured is
-// how many can start per cycle and on which ports. (Until 2026-12-06 a turn held 16 on 14
-// registers: two registers took two instructions of one kind, so a pair with a 4-cycle kind
-// could not exceed 16 per 8 cycles, nor one with a 3-cycle kind 16 per 6, whatever its ports:
-// the fifteenth round's 2 and 2.67 a cycle for such pairs were those bounds.) With a
+// Issue rate of the x86 vector instructions the decode readers are made of: the AVX2 ones (the
+// float readers and src/run/attention_madd-inl.h) and, as BM_Issue512, the 512-bit ones of the
+// AVX-512 readers (src/run/attention_vnni-inl.h, attention_bf16-inl.h): instructions per second
+// on one thread, each kind alone and in pairs of kinds. A loop turn holds 14 instructions on 14
+// registers, one each, so a turn's chains are one instruction long: latency bounds a turn at its
+// kinds' longest (14 per 4 cycles for FMAs, 3.5 a cycle, above any pair's issue rate measured), and
+// what is measured is how many can start per cycle and on which ports. (Until 2026-12-06 a turn
+// held 16 on 14 registers: two registers took two instructions of one kind, so a pair with a
+// 4-cycle kind could not exceed 16 per 8 cycles, nor one with a 3-cycle kind 16 per 6, whatever its
+// ports: the fifteenth round's 2 and 2.67 a cycle for such pairs were those bounds.) With a
 // kernel's instruction count per token this gives its arithmetic floor on the machine
-// (docs/representation-speed.md, fifteenth round). x86-64 CPUs with AVX2 and FMA only;
-// elsewhere each benchmark skips with a message.
+// (docs/representation-speed.md, fifteenth round; AVX-512, thirtieth round). x86-64 CPUs with
+// AVX2 and FMA only (BM_Issue512: AVX-512 with VNNI, VBMI and BF16); elsewhere each benchmark
+// skips with a message.
 //
 //   build/release/vector_issue_bench
 //
@@ -98,6 +100,99 @@ BENCHMARK_CAPTURE(BM_Issue, vfmadd231ps_vpsllw, KVS_ISSUE_LOOP(KVS_FMA, KVS_SLLW
 BENCHMARK_CAPTURE(BM_Issue, vfmadd231ps_vpshufb, KVS_ISSUE_LOOP(KVS_FMA, KVS_SHUFB));
 BENCHMARK_CAPTURE(BM_Issue, vfmadd231ps_vpunpcklbw, KVS_ISSUE_LOOP(KVS_FMA, KVS_UNPCKBW));
 
+bool HasAvx512Readers() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") &&
+         __builtin_cpu_supports("avx512bf16");
+}
+
+// The 512-bit kinds, the same way: zmm8 and zmm9 read-only sources, %1 a dword.
+#define KVS_DPBUSD(r) "vpdpbusd %%zmm8, %%zmm9, " r "\n"
+#define KVS_DPBUSD_BCST(r) "vpdpbusd (%1)%{1to16%}, %%zmm9, " r "\n"
+#define KVS_DPWSSD(r) "vpdpwssd %%zmm8, %%zmm9, " r "\n"
+#define KVS_DPBF16(r) "vdpbf16ps %%zmm8, %%zmm9, " r "\n"
+#define KVS_FMA512(r) "vfmadd231ps %%zmm8, %%zmm9, " r "\n"
+#define KVS_PERMT2D(r) "vpermt2d %%zmm8, %%zmm9, " r "\n"
+#define KVS_PERMB(r) "vpermb " r ", %%zmm8, " r "\n"
+#define KVS_SHUFI32X4(r) "vshufi32x4 $0x44, %%zmm8, " r ", " r "\n"
+#define KVS_UNPCKLDQ(r) "vpunpckldq %%zmm8, " r ", " r "\n"
+#define KVS_CVTDQ2PS(r) "vcvtdq2ps " r ", " r "\n"
+#define KVS_SRLD512(r) "vpsrld $4, " r ", " r "\n"
+#define KVS_ANDD512(r) "vpandd %%zmm8, " r ", " r "\n"
+#define KVS_CVTPH512(r) "vcvtph2ps %%ymm8, " r "\n"
+#define KVS_BCASTD512(r) "vpbroadcastd (%1), " r "\n"
+// clang-format off
+#define KVS_TURN512(A, B)                                                           \
+  A("%%zmm0") B("%%zmm1") A("%%zmm2") B("%%zmm3") A("%%zmm4") B("%%zmm5")           \
+  A("%%zmm6") B("%%zmm7") A("%%zmm10") B("%%zmm11") A("%%zmm12") B("%%zmm13")       \
+  A("%%zmm14") B("%%zmm15")
+// clang-format on
+#define KVS_ISSUE_LOOP512(A, B)                                                                  \
+  [](int64_t turns) {                                                                            \
+    alignas(64) const int32_t dword = 1;                                                         \
+    asm volatile("vpxord %%zmm8, %%zmm8, %%zmm8\n"                                             \
+                 "vpxord %%zmm9, %%zmm9, %%zmm9\n"                                             \
+                 "1:\n" KVS_TURN512(A, B) "dec %0\n"                                           \
+                 "jnz 1b\n"                                                                    \
+                 "vzeroupper\n"                                                                \
+                 : "+r"(turns)                                                                 \
+                 : "r"(&dword), "m"(dword)                                                     \
+                 : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",    \
+                   "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc"); \
+  }
+
+void BM_Issue512(benchmark::State& state, IssueLoop loop) {
+  if (!HasAvx512Readers()) {
+    state.SkipWithError("needs a CPU with AVX-512 VNNI, VBMI and BF16");
+    return;
+  }
+  for (auto _ : state) loop(kTurns);
+  state.counters["per_second"] = benchmark::Counter(static_cast<double>(kTurns * kPerTurn),
+                                                    benchmark::Counter::kIsIterationInvariantRate);
+}
+
+BENCHMARK_CAPTURE(BM_Issue512, vpdpbusd, KVS_ISSUE_LOOP512(KVS_DPBUSD, KVS_DPBUSD));
+BENCHMARK_CAPTURE(BM_Issue512, vpdpbusd_bcst, KVS_ISSUE_LOOP512(KVS_DPBUSD_BCST, KVS_DPBUSD_BCST));
+BENCHMARK_CAPTURE(BM_Issue512, vpdpwssd, KVS_ISSUE_LOOP512(KVS_DPWSSD, KVS_DPWSSD));
+BENCHMARK_CAPTURE(BM_Issue512, vdpbf16ps, KVS_ISSUE_LOOP512(KVS_DPBF16, KVS_DPBF16));
+BENCHMARK_CAPTURE(BM_Issue512, vfmadd231ps, KVS_ISSUE_LOOP512(KVS_FMA512, KVS_FMA512));
+BENCHMARK_CAPTURE(BM_Issue512, vpermt2d, KVS_ISSUE_LOOP512(KVS_PERMT2D, KVS_PERMT2D));
+BENCHMARK_CAPTURE(BM_Issue512, vpermb, KVS_ISSUE_LOOP512(KVS_PERMB, KVS_PERMB));
+BENCHMARK_CAPTURE(BM_Issue512, vshufi32x4, KVS_ISSUE_LOOP512(KVS_SHUFI32X4, KVS_SHUFI32X4));
+BENCHMARK_CAPTURE(BM_Issue512, vpunpckldq, KVS_ISSUE_LOOP512(KVS_UNPCKLDQ, KVS_UNPCKLDQ));
+BENCHMARK_CAPTURE(BM_Issue512, vcvtdq2ps, KVS_ISSUE_LOOP512(KVS_CVTDQ2PS, KVS_CVTDQ2PS));
+BENCHMARK_CAPTURE(BM_Issue512, vpsrld, KVS_ISSUE_LOOP512(KVS_SRLD512, KVS_SRLD512));
+BENCHMARK_CAPTURE(BM_Issue512, vpandd, KVS_ISSUE_LOOP512(KVS_ANDD512, KVS_ANDD512));
+BENCHMARK_CAPTURE(BM_Issue512, vcvtph2ps, KVS_ISSUE_LOOP512(KVS_CVTPH512, KVS_CVTPH512));
+BENCHMARK_CAPTURE(BM_Issue512, vpbroadcastd_m32, KVS_ISSUE_LOOP512(KVS_BCASTD512, KVS_BCASTD512));
+// The pairs the VNNI key pass (dot products beside the codes' masks and shifts, the columns'
+// transposes, the scales' FMAs, query broadcasts) and the value pass (byte permutes) mix.
+BENCHMARK_CAPTURE(BM_Issue512, vpdpbusd_vpandd, KVS_ISSUE_LOOP512(KVS_DPBUSD, KVS_ANDD512));
+BENCHMARK_CAPTURE(BM_Issue512, vpdpbusd_vpsrld, KVS_ISSUE_LOOP512(KVS_DPBUSD, KVS_SRLD512));
+BENCHMARK_CAPTURE(BM_Issue512, vpdpbusd_vpermt2d, KVS_ISSUE_LOOP512(KVS_DPBUSD, KVS_PERMT2D));
+BENCHMARK_CAPTURE(BM_Issue512, vpdpbusd_vshufi32x4, KVS_ISSUE_LOOP512(KVS_DPBUSD, KVS_SHUFI32X4));
+BENCHMARK_CAPTURE(BM_Issue512, vpdpbusd_vfmadd231ps, KVS_ISSUE_LOOP512(KVS_DPBUSD, KVS_FMA512));
+BENCHMARK_CAPTURE(BM_Issue512, vpdpbusd_vpbroadcastd_m32,
+                  KVS_ISSUE_LOOP512(KVS_DPBUSD, KVS_BCASTD512));
+BENCHMARK_CAPTURE(BM_Issue512, vpdpbusd_vpermb, KVS_ISSUE_LOOP512(KVS_DPBUSD, KVS_PERMB));
+BENCHMARK_CAPTURE(BM_Issue512, vdpbf16ps_vpandd, KVS_ISSUE_LOOP512(KVS_DPBF16, KVS_ANDD512));
+
+#undef KVS_ISSUE_LOOP512
+#undef KVS_TURN512
+#undef KVS_BCASTD512
+#undef KVS_CVTPH512
+#undef KVS_ANDD512
+#undef KVS_SRLD512
+#undef KVS_CVTDQ2PS
+#undef KVS_UNPCKLDQ
+#undef KVS_SHUFI32X4
+#undef KVS_PERMB
+#undef KVS_PERMT2D
+#undef KVS_FMA512
+#undef KVS_DPBF16
+#undef KVS_DPWSSD
+#undef KVS_DPBUSD_BCST
+#undef KVS_DPBUSD
 #undef KVS_ISSUE_LOOP
 #undef KVS_TURN
 #undef KVS_UNPCKBW
