@@ -52,29 +52,40 @@ bool HasAvx2Fma() { return __builtin_cpu_supports("avx2") && __builtin_cpu_suppo
   A("%%ymm6") B("%%ymm7") A("%%ymm10") B("%%ymm11") A("%%ymm12") B("%%ymm13")       \
   A("%%ymm14") B("%%ymm15")
 // clang-format on
-#define KVS_ISSUE_LOOP(A, B)                                                                     \
-  [](int64_t turns) {                                                                            \
-    alignas(32) const int32_t dword = 1;                                                         \
-    asm volatile("vpxor %%xmm8, %%xmm8, %%xmm8\n"                                              \
-                 "vpxor %%xmm9, %%xmm9, %%xmm9\n"                                              \
-                 "1:\n" KVS_TURN(A, B) "dec %0\n"                                              \
-                 "jnz 1b\n"                                                                    \
-                 : "+r"(turns)                                                                 \
-                 : "r"(&dword), "m"(dword)                                                     \
-                 : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",    \
-                   "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc"); \
+// A loop of `turns` turns of TURN (KVS_TURN or KVS_TURN512). The VEX zeroing of xmm8 and xmm9
+// clears their whole zmm registers.
+#define KVS_ISSUE_LOOP_OF(TURN)                                                                    \
+  [](int64_t turns) {                                                                              \
+    alignas(64) const int32_t dword = 1;                                                           \
+    asm volatile(                                                                                  \
+        "vpxor %%xmm8, %%xmm8, %%xmm8\n"                                                           \
+        "vpxor %%xmm9, %%xmm9, %%xmm9\n"                                                           \
+        "1:\n" TURN                                                                                \
+        "dec %0\n"                                                                                 \
+        "jnz 1b\n"                                                                                 \
+        "vzeroupper\n"                                                                             \
+        : "+r"(turns)                                                                              \
+        : "r"(&dword), "m"(dword)                                                                  \
+        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", \
+          "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc");                                      \
   }
+#define KVS_ISSUE_LOOP(A, B) KVS_ISSUE_LOOP_OF(KVS_TURN(A, B))
 
 using IssueLoop = void (*)(int64_t);
 
-void BM_Issue(benchmark::State& state, IssueLoop loop) {
-  if (!HasAvx2Fma()) {
-    state.SkipWithError("needs a CPU with AVX2 and FMA");
+// Runs `loop` where the CPU `supported` it, else skips saying what it `needs`.
+void RunIssueLoop(benchmark::State& state, IssueLoop loop, bool supported, const char* needs) {
+  if (!supported) {
+    state.SkipWithError(needs);
     return;
   }
   for (auto _ : state) loop(kTurns);
   state.counters["per_second"] = benchmark::Counter(static_cast<double>(kTurns * kPerTurn),
                                                     benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_Issue(benchmark::State& state, IssueLoop loop) {
+  RunIssueLoop(state, loop, HasAvx2Fma(), "needs a CPU with AVX2 and FMA");
 }
 
 BENCHMARK_CAPTURE(BM_Issue, vfmadd231ps, KVS_ISSUE_LOOP(KVS_FMA, KVS_FMA));
@@ -127,28 +138,10 @@ bool HasAvx512Readers() {
   A("%%zmm6") B("%%zmm7") A("%%zmm10") B("%%zmm11") A("%%zmm12") B("%%zmm13")       \
   A("%%zmm14") B("%%zmm15")
 // clang-format on
-#define KVS_ISSUE_LOOP512(A, B)                                                                  \
-  [](int64_t turns) {                                                                            \
-    alignas(64) const int32_t dword = 1;                                                         \
-    asm volatile("vpxord %%zmm8, %%zmm8, %%zmm8\n"                                             \
-                 "vpxord %%zmm9, %%zmm9, %%zmm9\n"                                             \
-                 "1:\n" KVS_TURN512(A, B) "dec %0\n"                                           \
-                 "jnz 1b\n"                                                                    \
-                 "vzeroupper\n"                                                                \
-                 : "+r"(turns)                                                                 \
-                 : "r"(&dword), "m"(dword)                                                     \
-                 : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",    \
-                   "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc"); \
-  }
+#define KVS_ISSUE_LOOP512(A, B) KVS_ISSUE_LOOP_OF(KVS_TURN512(A, B))
 
 void BM_Issue512(benchmark::State& state, IssueLoop loop) {
-  if (!HasAvx512Readers()) {
-    state.SkipWithError("needs a CPU with AVX-512 VNNI, VBMI and BF16");
-    return;
-  }
-  for (auto _ : state) loop(kTurns);
-  state.counters["per_second"] = benchmark::Counter(static_cast<double>(kTurns * kPerTurn),
-                                                    benchmark::Counter::kIsIterationInvariantRate);
+  RunIssueLoop(state, loop, HasAvx512Readers(), "needs a CPU with AVX-512 VNNI, VBMI and BF16");
 }
 
 BENCHMARK_CAPTURE(BM_Issue512, vpdpbusd, KVS_ISSUE_LOOP512(KVS_DPBUSD, KVS_DPBUSD));
@@ -194,6 +187,7 @@ BENCHMARK_CAPTURE(BM_Issue512, vdpbf16ps_vpandd, KVS_ISSUE_LOOP512(KVS_DPBF16, K
 #undef KVS_DPBUSD_BCST
 #undef KVS_DPBUSD
 #undef KVS_ISSUE_LOOP
+#undef KVS_ISSUE_LOOP_OF
 #undef KVS_TURN
 #undef KVS_UNPCKBW
 #undef KVS_SLLW
