@@ -469,7 +469,7 @@ HWY_INLINE bool PrefetchRange(const RowSet& set, size_t first, size_t end, bool 
 // Requests rows [first, end) of `set` (a few): as one range where they lie back to
 // back (PrefetchRange: 5 requests instead of 8 for 4-bit rows of head_dim 128, OneThreadB/int4/
 // 1024 1-3 % faster), else row by row.
-HWY_INLINE void PrefetchRows(const RowSet& set, size_t first, size_t end, bool far = false) {
+HWY_INLINE void PrefetchRows(const RowSet& set, size_t first, size_t end, bool far) {
   if (first >= end || PrefetchRange(set, first, end, far)) return;
   for (size_t row = first; row < end; ++row) {
     for (size_t line = 0; line < set.prefetch_bytes; line += kCacheLine) {
@@ -556,7 +556,7 @@ HWY_INLINE void RequestStep(const RowSet& set) {
 HWY_INLINE void PrefetchAhead(const RowSet& set, size_t key, size_t num_keys) {
   if (set.prefetch_bytes == 0) return;
   const size_t first = key + kPrefetchAhead;
-  PrefetchRows(set, first, std::min(num_keys, first + 4));
+  PrefetchRows(set, first, std::min(num_keys, first + 4), false);
 }
 
 // Requests a tile's first kPrefetchAhead rows, which no PrefetchAhead within the tile requests:
