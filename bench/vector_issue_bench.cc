@@ -1,16 +1,16 @@
 // Issue rate of the x86 vector instructions the decode readers are made of: the AVX2 ones (the
 // float readers and src/run/attention_madd-inl.h) and, as BM_Issue512, the 512-bit ones of the
-// AVX-512 readers (src/run/attention_vnni-inl.h, attention_bf16-inl.h): instructions per second
-// on one thread, each kind alone and in pairs of kinds. A loop turn holds 14 instructions on 14
-// registers, one each, so a turn's chains are one instruction long: latency bounds a turn at its
-// kinds' longest (14 per 4 cycles for FMAs, 3.5 a cycle, above any pair's issue rate measured), and
-// what is measured is how many can start per cycle and on which ports. (Until 2026-12-06 a turn
-// held 16 on 14 registers: two registers took two instructions of one kind, so a pair with a
-// 4-cycle kind could not exceed 16 per 8 cycles, nor one with a 3-cycle kind 16 per 6, whatever its
-// ports: the fifteenth round's 2 and 2.67 a cycle for such pairs were those bounds.) With a
-// kernel's instruction count per token this gives its arithmetic floor on the machine
-// (docs/representation-speed.md, fifteenth round; AVX-512, thirtieth round). x86-64 CPUs with
-// AVX2 and FMA only (BM_Issue512: AVX-512 with VNNI, VBMI and BF16); elsewhere each benchmark
+// AVX-512 readers (src/run/attention_vnni-inl.h, attention_bf16-inl.h) and their stores:
+// instructions per second on one thread, each kind alone and in pairs of kinds. A loop turn holds
+// 14 instructions on 14 registers, one each, so a turn's chains are one instruction long: latency
+// bounds a turn at its kinds' longest (14 per 4 cycles for FMAs, 3.5 a cycle, above any pair's
+// issue rate measured), and what is measured is how many can start per cycle and on which ports.
+// (Until 2026-12-06 a turn held 16 on 14 registers: two registers took two instructions of one
+// kind, so a pair with a 4-cycle kind could not exceed 16 per 8 cycles, nor one with a 3-cycle kind
+// 16 per 6, whatever its ports: the fifteenth round's 2 and 2.67 a cycle for such pairs were those
+// bounds.) With a kernel's instruction count per token this gives its arithmetic floor on the
+// machine (docs/representation-speed.md, fifteenth round; AVX-512, thirtieth round). x86-64 CPUs
+// with AVX2 and FMA only (BM_Issue512: AVX-512 with VNNI, VBMI and BF16); elsewhere each benchmark
 // skips with a message.
 //
 //   build/release/vector_issue_bench
@@ -170,6 +170,55 @@ BENCHMARK_CAPTURE(BM_Issue512, vpdpbusd_vpbroadcastd_m32,
 BENCHMARK_CAPTURE(BM_Issue512, vpdpbusd_vpermb, KVS_ISSUE_LOOP512(KVS_DPBUSD, KVS_PERMB));
 BENCHMARK_CAPTURE(BM_Issue512, vdpbf16ps_vpandd, KVS_ISSUE_LOOP512(KVS_DPBF16, KVS_ANDD512));
 
+// Stores, which the other loops have none of: each kind's 14 go to one 64-byte line (so they
+// measure the store path, not the caches), alone and beside dot products. k1 holds the mask of
+// 4 dwords that the readers' weight rows store (QuantiseQuadRows16). The VEX zeroing of xmm8
+// clears zmm8, which the dot products read.
+#define KVS_STORE512(r) "vmovdqu32 " r ", (%1)\n"
+#define KVS_MASKED_STORE512(r) "vmovdqu32 " r ", (%1)%{%%k1%}\n"
+#define KVS_EXTRACT128_STORE(r) "vextracti32x4 $1, " r ", (%1)\n"
+#define KVS_EXTRACT256_STORE(r) "vextracti64x4 $1, " r ", (%1)\n"
+// (The dot products' kind is AVX512_VNNI; the loop carries that target so that k1 may be named.)
+#define KVS_STORE_TARGET __attribute__((target("avx512f,avx512vnni")))
+// clang-format off
+#define KVS_STORE_LOOP512(A, B)                                                                    \
+  [](int64_t turns) KVS_STORE_TARGET {                                                             \
+    alignas(64) int32_t line[16] = {};                                                             \
+    asm volatile(                                                                                  \
+        "vpxor %%xmm8, %%xmm8, %%xmm8\n"                                                           \
+        "vpxor %%xmm9, %%xmm9, %%xmm9\n"                                                           \
+        "kxnorw %%k1, %%k1, %%k1\n"                                                                \
+        "kshiftrw $12, %%k1, %%k1\n"                                                               \
+        "1:\n" KVS_TURN512(A, B) "dec %0\n"                                                        \
+        "jnz 1b\n"                                                                                 \
+        "vzeroupper\n"                                                                             \
+        : "+r"(turns)                                                                              \
+        : "r"(line)                                                                                \
+        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", \
+          "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "k1", "cc",                                 \
+          "memory");                                                                               \
+  }
+// clang-format on
+BENCHMARK_CAPTURE(BM_Issue512, vmovdqu32_store, KVS_STORE_LOOP512(KVS_STORE512, KVS_STORE512));
+BENCHMARK_CAPTURE(BM_Issue512, vmovdqu32_masked_store,
+                  KVS_STORE_LOOP512(KVS_MASKED_STORE512, KVS_MASKED_STORE512));
+BENCHMARK_CAPTURE(BM_Issue512, vextracti32x4_store,
+                  KVS_STORE_LOOP512(KVS_EXTRACT128_STORE, KVS_EXTRACT128_STORE));
+BENCHMARK_CAPTURE(BM_Issue512, vextracti64x4_store,
+                  KVS_STORE_LOOP512(KVS_EXTRACT256_STORE, KVS_EXTRACT256_STORE));
+BENCHMARK_CAPTURE(BM_Issue512, vpdpbusd_vmovdqu32_store,
+                  KVS_STORE_LOOP512(KVS_DPBUSD, KVS_STORE512));
+BENCHMARK_CAPTURE(BM_Issue512, vpdpbusd_vmovdqu32_masked_store,
+                  KVS_STORE_LOOP512(KVS_DPBUSD, KVS_MASKED_STORE512));
+BENCHMARK_CAPTURE(BM_Issue512, vpdpbusd_vextracti32x4_store,
+                  KVS_STORE_LOOP512(KVS_DPBUSD, KVS_EXTRACT128_STORE));
+
+#undef KVS_STORE_LOOP512
+#undef KVS_STORE_TARGET
+#undef KVS_EXTRACT256_STORE
+#undef KVS_EXTRACT128_STORE
+#undef KVS_MASKED_STORE512
+#undef KVS_STORE512
 #undef KVS_ISSUE_LOOP512
 #undef KVS_TURN512
 #undef KVS_BCASTD512
