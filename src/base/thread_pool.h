@@ -51,4 +51,15 @@ class ThreadPool {
   std::atomic<bool> stop_{false};
 };
 
+// Calls fn(task_idx, thread_idx) for every task_idx in [0, n): on `pool`, or on the calling thread
+// (as thread 0, with no std::function in between) where there is no pool or only one task.
+template <class Fn>
+void RunTasks(ThreadPool* pool, int64_t n, Fn&& fn) {
+  if (pool == nullptr || n == 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i, 0);
+  } else {
+    pool->Run(n, fn);
+  }
+}
+
 }  // namespace kvstack

@@ -438,16 +438,6 @@ void PrepareQueries(const KvLayerView& view, const float* q, size_t num_rows, fl
   }
 }
 
-// Runs fn(i) for i in [0, n) on the pool (or the calling thread).
-template <class Fn>
-void RunTasks(ThreadPool* pool, int64_t n, Fn&& fn) {
-  if (pool == nullptr || n == 1) {
-    for (int64_t i = 0; i < n; ++i) fn(i, 0);
-  } else {
-    pool->Run(n, fn);
-  }
-}
-
 }  // namespace
 }  // namespace HWY_NAMESPACE
 }  // namespace kvstack

@@ -644,16 +644,6 @@ Side MakeSide(const KvArenaView& arena, int head_dim) {
   return side;
 }
 
-// Runs fn(i, thread) for i in [0, n) on the pool (or the calling thread).
-template <class Fn>
-void RunTasks(ThreadPool* pool, int64_t n, Fn&& fn) {
-  if (pool == nullptr || n == 1) {
-    for (int64_t i = 0; i < n; ++i) fn(i, 0);
-  } else {
-    pool->Run(n, fn);
-  }
-}
-
 // One query: the sinks, chunks of the arena and the pending tokens are split-K partials,
 // one task per (kv head, part); the queries are projected first, one task per kv head.
 void Decode(const Context& ctx, const float* q, const AttentionParams& params, float* out,
