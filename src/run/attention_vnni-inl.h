@@ -14,7 +14,8 @@
 // tokens with no horizontal sums, and per-group scales and minima multiply whole vectors.
 //
 // Query quantisation (what it costs in accuracy): per block of 32 elements (16 for 16-element
-// key groups) the step is sq = max|q| / 127 over the block, so each query element is off by at
+// key groups; 64 for int8 keys where head_dim is a multiple of 64, one block per 16x16
+// transpose) the step is sq = max|q| / 127 over the block, so each query element is off by at
 // most sq / 2 = max|q| / 254 — what llama.cpp's q8_0 activations accept for its 4-bit caches,
 // and well below the error of 4- and 2-bit keys themselves (1/30 and 1/6 of a group's range).
 // int8 keys, whose own error is about that size, take a second byte: q = sq * (hi + lo / 256),
@@ -182,7 +183,12 @@ inline VnniPlan IntegerPlanShape(const SideSpec& side, size_t head_dim) {
     default:
       return plan;
   }
-  plan.block_elems = plan.group_elems % 32 == 0 ? 32 : 16;
+  // int8 keys: one block per 16 code columns (one transpose) where head_dim allows, half the
+  // per-block conversions of blocks of 32 (their 16-bit query, off by at most max|q| / 65024
+  // over the block, needs no shorter blocks).
+  plan.block_elems = plan.bits == 8 && head_dim % 64 == 0 ? 64
+                     : plan.group_elems % 32 == 0         ? 32
+                                                          : 16;
   plan.ok = true;
   return plan;
 }
@@ -957,10 +963,12 @@ void VnniScoreTile(const VnniPlan& plan, const RowSet& keys, const RowSet& value
   switch (plan.bits) {
     case 8:  // (int8 rows are one group of head_dim, a multiple of 32)
       if (plan.head_dim == 128) {
-        return VnniScoreTileBits<8, 32, 128, 1>(plan, keys, values, num_keys, q, group, s,
+        return VnniScoreTileBits<8, 64, 128, 1>(plan, keys, values, num_keys, q, group, s,
                                                 s_stride);
       }
-      return VnniScoreTileBits<8, 32>(plan, keys, values, num_keys, q, group, s, s_stride);
+      return plan.block_elems == 64
+                 ? VnniScoreTileBits<8, 64>(plan, keys, values, num_keys, q, group, s, s_stride)
+                 : VnniScoreTileBits<8, 32>(plan, keys, values, num_keys, q, group, s, s_stride);
     case 4:
       if (plan.tiled) {  // (int4-t16 at head_dim 128 at compile time, else the general tiles)
         if (block32 && plan.head_dim == 128 && plan.num_groups == 4) {
