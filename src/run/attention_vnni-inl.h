@@ -962,13 +962,13 @@ void VnniScoreTile(const VnniPlan& plan, const RowSet& keys, const RowSet& value
   const bool block32 = plan.block_elems == 32;
   switch (plan.bits) {
     case 8:  // (int8 rows are one group of head_dim, a multiple of 32)
-      if (plan.head_dim == 128) {
-        return VnniScoreTileBits<8, 64, 128, 1>(plan, keys, values, num_keys, q, group, s,
-                                                s_stride);
+      if (plan.block_elems == 32) {
+        return VnniScoreTileBits<8, 32>(plan, keys, values, num_keys, q, group, s, s_stride);
       }
-      return plan.block_elems == 64
-                 ? VnniScoreTileBits<8, 64>(plan, keys, values, num_keys, q, group, s, s_stride)
-                 : VnniScoreTileBits<8, 32>(plan, keys, values, num_keys, q, group, s, s_stride);
+      return plan.head_dim == 128
+                 ? VnniScoreTileBits<8, 64, 128, 1>(plan, keys, values, num_keys, q, group, s,
+                                                    s_stride)
+                 : VnniScoreTileBits<8, 64>(plan, keys, values, num_keys, q, group, s, s_stride);
     case 4:
       if (plan.tiled) {  // (int4-t16 at head_dim 128 at compile time, else the general tiles)
         if (block32 && plan.head_dim == 128 && plan.num_groups == 4) {
