@@ -52,23 +52,26 @@ bool HasAvx2Fma() { return __builtin_cpu_supports("avx2") && __builtin_cpu_suppo
   A("%%ymm6") B("%%ymm7") A("%%ymm10") B("%%ymm11") A("%%ymm12") B("%%ymm13")       \
   A("%%ymm14") B("%%ymm15")
 // clang-format on
-// A loop of `turns` turns of TURN (KVS_TURN or KVS_TURN512). The VEX zeroing of xmm8 and xmm9
-// clears their whole zmm registers.
-#define KVS_ISSUE_LOOP_OF(TURN)                                                                    \
-  [](int64_t turns) {                                                                              \
-    alignas(64) const int32_t dword = 1;                                                           \
+// A loop of `turns` turns of TURN (KVS_TURN or KVS_TURN512), after SETUP, in a function with
+// the attributes TARGET (empty, or a target that lets the clobbers beyond the vector registers,
+// `...`, name mask registers). %1 points at a 64-byte line whose first dword is 1: what the
+// broadcasts read and the stores write. The VEX zeroing of xmm8 and xmm9 clears their whole zmm
+// registers.
+#define KVS_LOOP_OF(TARGET, SETUP, TURN, ...)                                                      \
+  [](int64_t turns) TARGET {                                                                       \
+    alignas(64) int32_t line[16] = {1};                                                            \
     asm volatile(                                                                                  \
         "vpxor %%xmm8, %%xmm8, %%xmm8\n"                                                           \
-        "vpxor %%xmm9, %%xmm9, %%xmm9\n"                                                           \
-        "1:\n" TURN                                                                                \
+        "vpxor %%xmm9, %%xmm9, %%xmm9\n" SETUP "1:\n" TURN                                         \
         "dec %0\n"                                                                                 \
         "jnz 1b\n"                                                                                 \
         "vzeroupper\n"                                                                             \
         : "+r"(turns)                                                                              \
-        : "r"(&dword), "m"(dword)                                                                  \
+        : "r"(line)                                                                                \
         : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", \
-          "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc");                                      \
+          "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc", "memory" __VA_OPT__(, ) __VA_ARGS__); \
   }
+#define KVS_ISSUE_LOOP_OF(TURN) KVS_LOOP_OF(, "", TURN)
 #define KVS_ISSUE_LOOP(A, B) KVS_ISSUE_LOOP_OF(KVS_TURN(A, B))
 
 using IssueLoop = void (*)(int64_t);
@@ -180,25 +183,9 @@ BENCHMARK_CAPTURE(BM_Issue512, vdpbf16ps_vpandd, KVS_ISSUE_LOOP512(KVS_DPBF16, K
 #define KVS_EXTRACT256_STORE(r) "vextracti64x4 $1, " r ", (%1)\n"
 // (The dot products' kind is AVX512_VNNI; the loop carries that target so that k1 may be named.)
 #define KVS_STORE_TARGET __attribute__((target("avx512f,avx512vnni")))
-// clang-format off
-#define KVS_STORE_LOOP512(A, B)                                                                    \
-  [](int64_t turns) KVS_STORE_TARGET {                                                             \
-    alignas(64) int32_t line[16] = {};                                                             \
-    asm volatile(                                                                                  \
-        "vpxor %%xmm8, %%xmm8, %%xmm8\n"                                                           \
-        "vpxor %%xmm9, %%xmm9, %%xmm9\n"                                                           \
-        "kxnorw %%k1, %%k1, %%k1\n"                                                                \
-        "kshiftrw $12, %%k1, %%k1\n"                                                               \
-        "1:\n" KVS_TURN512(A, B) "dec %0\n"                                                        \
-        "jnz 1b\n"                                                                                 \
-        "vzeroupper\n"                                                                             \
-        : "+r"(turns)                                                                              \
-        : "r"(line)                                                                                \
-        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", \
-          "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "k1", "cc",                                 \
-          "memory");                                                                               \
-  }
-// clang-format on
+#define KVS_STORE_LOOP512(A, B)                                                        \
+  KVS_LOOP_OF(KVS_STORE_TARGET, "kxnorw %%k1, %%k1, %%k1\nkshiftrw $12, %%k1, %%k1\n", \
+              KVS_TURN512(A, B), "k1")
 BENCHMARK_CAPTURE(BM_Issue512, vmovdqu32_store, KVS_STORE_LOOP512(KVS_STORE512, KVS_STORE512));
 BENCHMARK_CAPTURE(BM_Issue512, vmovdqu32_masked_store,
                   KVS_STORE_LOOP512(KVS_MASKED_STORE512, KVS_MASKED_STORE512));
@@ -237,6 +224,7 @@ BENCHMARK_CAPTURE(BM_Issue512, vpdpbusd_vextracti32x4_store,
 #undef KVS_DPBUSD
 #undef KVS_ISSUE_LOOP
 #undef KVS_ISSUE_LOOP_OF
+#undef KVS_LOOP_OF
 #undef KVS_TURN
 #undef KVS_UNPCKBW
 #undef KVS_SLLW
