@@ -209,10 +209,10 @@ void BM_Prefill(benchmark::State& state, int num_kv_heads, int num_heads, int he
 }
 
 // Shape B's codecs: the floats and every codec with a fast path; int4 also with one (scale,
-// min) pair per 128 elements instead of 32, to show what its groups cost, and in -t16 tiles
-// (the same bytes by column), to show what the transposes cost.
-const char* const kCodecsB[] = {"bf16",     "f16",       "fp8_e4m3", "int8", "int4",
-                                "int4-t16", "int4-g128", "kivi4",    "kivi2"};
+// min) pair per 128 elements instead of 32, to show what its groups cost, in -t16 tiles (the
+// same bytes by column), to show what the transposes cost, and with both.
+const char* const kCodecsB[] = {"bf16",     "f16",       "fp8_e4m3",      "int8",  "int4",
+                                "int4-t16", "int4-g128", "int4-g128-t16", "kivi4", "kivi2"};
 constexpr int kThreadsB = 2;
 
 void RegisterAll(bool long_contexts) {

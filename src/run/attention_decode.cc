@@ -126,6 +126,10 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
   const size_t s_stride = in_place ? sink->prob_stride : (kDecodeTile + nf - 1) / nf * nf;
   float* const scratch =
       in_place ? nullptr : Scratch(kSlotScores, static_cast<size_t>(group) * s_stride);
+  // Each head's largest probability in the tile, then their sums: the integer value readers'
+  // TileWeightStats, taken as the softmax writes the probabilities.
+  float* const p_stats = Scratch(kSlotWeightStats, 2 * static_cast<size_t>(group));
+  const TileWeightStats stats{p_stats, p_stats + group};
   const Reader k_reader = SplitOrderReader<D>(k_side.reader, head_dim);
   const Reader v_reader = SplitOrderReader<D>(v_side.reader, head_dim);
   const ScoreFn score = ScoreFor<D>(k_reader);
@@ -234,6 +238,7 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
       float tile_max;
       if (HWY_UNLIKELY(MaxOfScores(df, sj, padded, &tile_max))) {  // the head's output is NaN
         std::fill(sj, sj + padded, 0.0f);
+        p_stats[j] = p_stats[group + j] = 0.0f;
         std::fill(st, st + head_dim, std::numeric_limits<float>::quiet_NaN());
         st[head_dim] = kInf;
         st[head_dim + 1] = std::numeric_limits<float>::quiet_NaN();
@@ -245,18 +250,21 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
       }
       const float new_max = std::max(st[head_dim], tile_max);
       const auto vnew_max = hn::Set(df, new_max);
-      auto vsum = hn::Zero(df);
+      auto vsum = hn::Zero(df), vmax = hn::Zero(df);
       for (size_t i = 0; i < padded; i += nf) {
         const auto p = ExpOfScore(df, hn::Sub(hn::LoadU(df, sj + i), vnew_max));
         hn::StoreU(p, df, sj + i);
         vsum = hn::Add(vsum, p);
+        vmax = hn::Max(vmax, p);
       }
+      p_stats[j] = hn::GetLane(hn::MaxOfLanes(df, vmax));
+      p_stats[group + j] = hn::GetLane(hn::SumOfLanes(df, vsum));
       // exp(-inf) == 0 on the first tile, where the accumulator is still empty.
       const float alpha = std::exp(st[head_dim] - new_max);
       if (alpha != 1.0f) {
         for (size_t i = 0; i < head_dim; ++i) st[i] *= alpha;
       }
-      st[head_dim + 1] = st[head_dim + 1] * alpha + hn::GetLane(hn::SumOfLanes(df, vsum));
+      st[head_dim + 1] = st[head_dim + 1] * alpha + p_stats[group + j];
       st[head_dim] = new_max;
       if (sink != nullptr) {  // once per tile: the no-scores path pays one branch per tile
         if (!in_place) {
@@ -273,9 +281,11 @@ void DecodeChunk(const KvLayerView& view, const SideSpec& k_side, const SideSpec
     if (amx_values) {
       AmxAccumulateTile(vnni_values, values, num_keys, s, s_stride, group, state, state_stride);
     } else if (vnni_values.ok) {
-      VnniAccumulateTile(vnni_values, values, num_keys, s, s_stride, group, state, state_stride);
+      VnniAccumulateTile(vnni_values, values, num_keys, s, s_stride, stats, group, state,
+                         state_stride);
     } else if (madd_values.ok) {
-      MaddAccumulateTile(madd_values, values, num_keys, s, s_stride, group, state, state_stride);
+      MaddAccumulateTile(madd_values, values, num_keys, s, s_stride, stats, group, state,
+                         state_stride);
     } else if (bf16.values) {
       Bf16AccumulateTile(bf16, values, num_keys, s, s_stride, group, head_dim, state, state_stride);
     } else {

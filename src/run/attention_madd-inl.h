@@ -618,10 +618,11 @@ VnniPlan PlanMaddValues(const SideSpec& side, size_t head_dim, size_t lanes) {
 
 // The int16 weights of a tile (QuantiseWeights' for VNNI, 8 keys at a time): weights
 // [group][num_groups][num_keys8 / 2] (dword u: keys 2u and 2u + 1), their steps w_scale and the
-// minima's sums min_sum [group][num_groups]. p: [group, p_stride], 0 from num_keys to num_keys8.
+// minima's sums min_sum [group][num_groups]. p: [group, p_stride], 0 from num_keys to num_keys8;
+// stats: p's (TileWeightStats).
 void MaddQuantiseWeights(const VnniPlan& plan, const RowSet& values, size_t num_keys8,
-                         const float* p, size_t p_stride, int group, int32_t* weights,
-                         float* w_scale, float* min_sum) {
+                         const float* p, size_t p_stride, const TileWeightStats& stats, int group,
+                         int32_t* weights, float* w_scale, float* min_sum) {
   const int num_groups = plan.num_groups;
   const size_t num_pairs = num_keys8 / 2;
   // Per group, the keys' scales and minima: [num_groups][num_keys8].
@@ -652,11 +653,7 @@ void MaddQuantiseWeights(const VnniPlan& plan, const RowSet& values, size_t num_
   }
   for (int j = 0; j < group; ++j) {
     const float* pj = p + j * p_stride;
-    __m256 p_max = _mm256_setzero_ps();
-    for (size_t k = 0; k < num_keys8; k += kMaddKeys) {
-      p_max = _mm256_max_ps(p_max, _mm256_loadu_ps(pj + k));
-    }
-    const float largest = MaxLane(p_max);
+    const float largest = stats.max[j];
     const float p_factor = largest > 0.0f ? 32767.0f / largest : 0.0f;
     for (int g = 0; g < num_groups; ++g) {
       const size_t row = static_cast<size_t>(j) * num_groups + g;
@@ -741,15 +738,17 @@ HWY_INLINE void MaddAccumulateSlice(const RowSet& values, size_t num_pairs, size
 
 // Weighted sum of a tile's values (rows padded to a multiple of 16) into the running states of
 // the `group` query heads, as AccumulateTile, in MaddValueElement's order: p: [group, p_stride]
-// softmax weights (0 past num_keys, up to the next multiple of 8); state: [group, state_stride].
+// softmax weights (0 past num_keys, up to the next multiple of 8) and stats their largest and sum
+// per head (TileWeightStats); state: [group, state_stride].
 void MaddAccumulateTile(const VnniPlan& plan, const RowSet& values, size_t num_keys, const float* p,
-                        size_t p_stride, int group, float* state, size_t state_stride) {
+                        size_t p_stride, const TileWeightStats& stats, int group, float* state,
+                        size_t state_stride) {
   const size_t num_keys8 = (num_keys + kMaddKeys - 1) / kMaddKeys * kMaddKeys;
   const size_t num_pairs = num_keys8 / 2;
   const int num_groups = plan.num_groups;
   const ValueWeights tile = ValueWeightsScratch(group, num_groups, num_pairs);
-  MaddQuantiseWeights(plan, values, num_keys8, p, p_stride, group, tile.weights, tile.w_scale,
-                      tile.min_sum);
+  MaddQuantiseWeights(plan, values, num_keys8, p, p_stride, stats, group, tile.weights,
+                      tile.w_scale, tile.min_sum);
   const int num_slices = static_cast<int>(plan.head_dim) / 32;
   for (int slice = 0; slice < num_slices; ++slice) {
     const int g = slice * 32 / plan.group_elems;
@@ -824,8 +823,8 @@ void MaddKiviPrepareQueries(const VnniPlan&, const float*, int, KiviQueries*) {}
 void MaddScoreTile(const VnniPlan&, const RowSet&, const RowSet&, size_t, const VnniQuery*,
                    const KiviQueries&, int, float*, size_t) {}
 VnniPlan PlanMaddValues(const SideSpec&, size_t, size_t) { return {}; }
-void MaddAccumulateTile(const VnniPlan&, const RowSet&, size_t, const float*, size_t, int, float*,
-                        size_t) {}
+void MaddAccumulateTile(const VnniPlan&, const RowSet&, size_t, const float*, size_t,
+                        const TileWeightStats&, int, float*, size_t) {}
 void MaddValueOrderToElements(const VnniPlan&, int, float*, size_t) {}
 
 #endif  // HWY_TARGET == HWY_AVX2

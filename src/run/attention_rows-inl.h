@@ -50,6 +50,7 @@ enum ScratchSlot {
   kSlotSplitQuery,
   kSlotSplitState,
   kSlotBf16Weights,
+  kSlotWeightStats,
   kNumSlots
 };
 

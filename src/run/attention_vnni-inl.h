@@ -127,6 +127,15 @@ struct ValueWeights {
   float* w_scale;
   float* min_sum;
 };
+
+// Each query head's largest softmax weight in a tile and the weights' sum, max and sum
+// [group] each, over p[0, num_keys rounded up to the readers' multiple) (0 past num_keys). The
+// decode's softmax takes them as it writes p, so that the integer value readers, which scale
+// their weights by the largest, need no pass of their own over p.
+struct TileWeightStats {
+  const float* max;
+  const float* sum;
+};
 inline ValueWeights ValueWeightsScratch(int group, int num_groups, size_t num_pairs) {
   thread_local std::vector<int32_t> weights;
   thread_local std::vector<float> w_scale, min_sum;
@@ -1784,28 +1793,17 @@ bool TakesQuadWeights(const VnniPlan& plan, size_t num_keys16, const float* p_ma
 // worth, and the softmax weights times the keys' minima summed (u8: less the centring, see
 // CentreQuadWeights). With p' = L p / max_t p_j[t] and s' = s / max_t |s_g[t]|, the weight is
 // p' s' (|p' s'| <= L) and W = max p_j * max |s_g| / L, L = 32767 (u8: kQuadLargest).
-//   p: [group, p_stride] (0 past the tile's keys)
+//   p: [group, p_stride] (0 past the tile's keys); stats: p's (TileWeightStats)
 KVS_VNNI_ATTR bool QuantiseWeights(const VnniPlan& plan, const RowSet& values, size_t num_keys16,
-                                   const float* p, size_t p_stride, int group, int32_t* weights,
-                                   float* w_scale, float* min_sum) {
+                                   const float* p, size_t p_stride, const TileWeightStats& stats,
+                                   int group, int32_t* weights, float* w_scale, float* min_sum) {
   const int num_groups = plan.num_groups;
-  // Per head: its largest p, their sum, and the largest weight over the largest p.
-  thread_local std::vector<float> p_stats;
-  p_stats.resize(3 * static_cast<size_t>(group));
-  float* p_max = p_stats.data();
-  float* p_sum = p_max + group;
-  float* p_factor = p_sum + group;
-  for (int j = 0; j < group; ++j) {
-    __m512 vmax = _mm512_setzero_ps(), vsum = _mm512_setzero_ps();
-    for (size_t k = 0; k < num_keys16; k += 16) {
-      const __m512 pk = _mm512_loadu_ps(p + j * p_stride + k);
-      vmax = _mm512_max_ps(vmax, pk);
-      vsum = _mm512_add_ps(vsum, pk);
-    }
-    p_max[j] = _mm512_reduce_max_ps(vmax);
-    p_sum[j] = _mm512_reduce_add_ps(vsum);
-  }
-  const bool quads = TakesQuadWeights(plan, num_keys16, p_max, p_sum, group);
+  const float* p_max = stats.max;
+  // Per head, the largest weight over the largest p.
+  thread_local std::vector<float> p_factors;
+  p_factors.resize(group);
+  float* p_factor = p_factors.data();
+  const bool quads = TakesQuadWeights(plan, num_keys16, p_max, stats.sum, group);
   // Per group, the keys' scales and minima: [num_groups][num_keys16].
   float* hs = Scratch(kSlotHeaders, 2 * static_cast<size_t>(num_groups) * num_keys16);
   float* hm = hs + static_cast<size_t>(num_groups) * num_keys16;
@@ -1861,17 +1859,19 @@ KVS_VNNI_ATTR bool QuantiseWeights(const VnniPlan& plan, const RowSet& values, s
 
 // Weighted sum of a tile's values (rows padded to a multiple of 16) into the running states of
 // the `group` query heads, as AccumulateTile: p: [group, p_stride] softmax weights (0 past
-// num_keys, up to the next multiple of 16); state: [group, state_stride].
+// num_keys, up to the next multiple of 16) and stats their largest and sum per head
+// (TileWeightStats); state: [group, state_stride].
 template <int kBits>
 KVS_VNNI_ATTR void VnniAccumulateTileBits(const VnniPlan& plan, const RowSet& values,
                                           size_t num_keys, const float* p, size_t p_stride,
-                                          int group, float* state, size_t state_stride) {
+                                          const TileWeightStats& stats, int group, float* state,
+                                          size_t state_stride) {
   const size_t num_keys16 = (num_keys + 15) / 16 * 16;
   const size_t num_pairs = num_keys16 / 2;
   const int num_groups = plan.num_groups;
   const ValueWeights tile = ValueWeightsScratch(group, num_groups, num_pairs);
-  const bool quads = QuantiseWeights(plan, values, num_keys16, p, p_stride, group, tile.weights,
-                                     tile.w_scale, tile.min_sum);
+  const bool quads = QuantiseWeights(plan, values, num_keys16, p, p_stride, stats, group,
+                                     tile.weights, tile.w_scale, tile.min_sum);
   const size_t group_stride = num_pairs;
   if constexpr (kBits < 8) {
     if (plan.value_spans > 0) {
@@ -1927,16 +1927,17 @@ KVS_VNNI_ATTR void VnniAccumulateTileBits(const VnniPlan& plan, const RowSet& va
 }
 
 void VnniAccumulateTile(const VnniPlan& plan, const RowSet& values, size_t num_keys, const float* p,
-                        size_t p_stride, int group, float* state, size_t state_stride) {
+                        size_t p_stride, const TileWeightStats& stats, int group, float* state,
+                        size_t state_stride) {
   switch (plan.bits) {
     case 8:
-      return VnniAccumulateTileBits<8>(plan, values, num_keys, p, p_stride, group, state,
+      return VnniAccumulateTileBits<8>(plan, values, num_keys, p, p_stride, stats, group, state,
                                        state_stride);
     case 4:
-      return VnniAccumulateTileBits<4>(plan, values, num_keys, p, p_stride, group, state,
+      return VnniAccumulateTileBits<4>(plan, values, num_keys, p, p_stride, stats, group, state,
                                        state_stride);
     default:
-      return VnniAccumulateTileBits<2>(plan, values, num_keys, p, p_stride, group, state,
+      return VnniAccumulateTileBits<2>(plan, values, num_keys, p, p_stride, stats, group, state,
                                        state_stride);
   }
 }
@@ -1965,8 +1966,8 @@ void VnniPrepareQueries(const VnniPlan&, const float*, int, VnniQuery*) {}
 void KiviPrepareQueries(const VnniPlan&, const float*, int, KiviQueries*) {}
 void VnniScoreTile(const VnniPlan&, const RowSet&, const RowSet&, size_t, const VnniQuery*,
                    const KiviQueries&, int, float*, size_t) {}
-void VnniAccumulateTile(const VnniPlan&, const RowSet&, size_t, const float*, size_t, int, float*,
-                        size_t) {}
+void VnniAccumulateTile(const VnniPlan&, const RowSet&, size_t, const float*, size_t,
+                        const TileWeightStats&, int, float*, size_t) {}
 void VnniSpanOrderToElements(const VnniPlan&, int, float*, size_t) {}
 
 #endif  // HWY_TARGET == HWY_AVX3
