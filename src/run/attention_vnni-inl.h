@@ -111,7 +111,7 @@ struct VnniPlan {
 struct VnniQuery {
   int32_t hi[kVnniMaxHeadDim / 4];  // [column * parts + part]: 4 query bytes, s8
   int32_t lo[kVnniMaxHeadDim / 4];
-  float block_scale[kVnniMaxHeadDim / 16];   // per block: sq / 256
+  float block_scale[kVnniMaxHeadDim / 16];   // per block: sq / 256 (KIVI units: sq)
   int32_t correction[kVnniMaxHeadDim / 16];  // int8 keys: 128 * sum(256 hi + lo) per block
   float group_sum[16];                       // the exact query summed over each key group
   // int8 keys on AVX2 (MaddPrepareQueries): the row as int16, step block_scale[0].
@@ -601,7 +601,11 @@ constexpr int kVnniColsPerBlock = kBlockElems* kBits / 32;
 // minimum term goes in with its last block.
 // kPrecise: with the query's low bytes (int8 keys); otherwise hi alone (see the file comment).
 // kBlocksPerGroup: blocks per key group where the caller knows it at compile time, else 0.
-template <int kBits, int kNumQ, bool kPrecise, int kBlockElems, int kBlocksPerGroup = 0>
+// kScalesInQuery: KIVI units, whose keys' scales are folded into the query and minima into a bias
+// (VnniPrepareKiviUnit): each block's step is its block_scale alone, no scale or minimum terms
+// (scale and min are not read).
+template <int kBits, int kNumQ, bool kPrecise, int kBlockElems, int kBlocksPerGroup = 0,
+          bool kScalesInQuery = false>
 KVS_VNNI_ATTR HWY_INLINE void ScoreColumns(const VnniPlan& plan, const __m512i* cols, int b_begin,
                                            int b_end, const __m512* scale, const __m512* min,
                                            const VnniQuery* q, bool accumulate, float* s,
@@ -621,8 +625,10 @@ KVS_VNNI_ATTR HWY_INLINE void ScoreColumns(const VnniPlan& plan, const __m512i* 
   // groups' scales once here, not into every block's broadcast step.
   __m512 step_scale[16];
   const int g_begin = b_begin / blocks_per_group, g_end = (b_end - 1) / blocks_per_group + 1;
-  for (int g = g_begin; g < g_end; ++g) {
-    step_scale[g] = kPrecise ? scale[g] : _mm512_mul_ps(scale[g], _mm512_set1_ps(256.0f));
+  if constexpr (!kScalesInQuery) {
+    for (int g = g_begin; g < g_end; ++g) {
+      step_scale[g] = kPrecise ? scale[g] : _mm512_mul_ps(scale[g], _mm512_set1_ps(256.0f));
+    }
   }
   for (int b = b_begin; b < b_end; ++b) {
     const int g = b / blocks_per_group;
@@ -652,11 +658,12 @@ KVS_VNNI_ATTR HWY_INLINE void ScoreColumns(const VnniPlan& plan, const __m512i* 
       if constexpr (kBits == 8) {
         acc = _mm512_sub_epi32(acc, _mm512_set1_epi32(q[j].correction[b]));
       }
-      total[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc),
-                                 _mm512_mul_ps(step_scale[g], _mm512_set1_ps(q[j].block_scale[b])),
-                                 total[j]);
+      const __m512 step = kScalesInQuery
+                              ? _mm512_set1_ps(q[j].block_scale[b])
+                              : _mm512_mul_ps(step_scale[g], _mm512_set1_ps(q[j].block_scale[b]));
+      total[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), step, total[j]);
     }
-    if constexpr (kBits != 8) {
+    if constexpr (kBits != 8 && !kScalesInQuery) {
       if ((b + 1) % blocks_per_group == 0) {
         for (int j = 0; j < kNumQ; ++j) {
           total[j] = _mm512_fmadd_ps(min[g], _mm512_set1_ps(q[j].group_sum[g]), total[j]);
@@ -861,7 +868,7 @@ KVS_VNNI_ATTR void VnniPrepareKiviUnit(const VnniPlan& plan, const std::byte* un
     for (int i = 0; i < 4 && j + i < group; ++i) bias[j + i] = sums[i];
   }
   const __m512i packed_index = _mm512_load_si512(plan.packed_query_index);
-  const __m128 step_unit = _mm_set1_ps(1.0f / (127.0f * 256.0f));
+  const __m128 step_unit = _mm_set1_ps(1.0f / 127.0f);  // (sq itself: kScalesInQuery)
   for (j = 0; j < group; ++j) {
     const size_t row = static_cast<size_t>(j) * head_dim;
     const float* qhat_j = qhat + row;
@@ -910,7 +917,6 @@ KVS_VNNI_ATTR void VnniScoreTileKivi(const VnniPlan& plan, const RowSet& keys, c
   unit_queries.resize(group);
   bias.resize(group);
   const std::byte* prepared_unit = nullptr;
-  __m512 scale[1] = {_mm512_set1_ps(1.0f)}, min[1] = {_mm512_setzero_ps()};
   alignas(64) float block_scores[4 * 16];
   for (size_t key0 = 0; key0 < num_keys; key0 += 16) {
     PrefetchAhead16(keys, key0, num_keys);
@@ -929,14 +935,17 @@ KVS_VNNI_ATTR void VnniScoreTileKivi(const VnniPlan& plan, const RowSet& keys, c
       for (int j = 0; j < group;) {
         const int step = std::min(4, group - j);
         if (step == 4) {
-          ScoreColumns<kBits, 4, false, 32, kBlocksPerGroup>(
-              plan, cols, 0, num_blocks, scale, min, &unit_queries[j], false, block_scores, 16);
+          ScoreColumns<kBits, 4, false, 32, kBlocksPerGroup, true>(
+              plan, cols, 0, num_blocks, nullptr, nullptr, &unit_queries[j], false, block_scores,
+              16);
         } else if (step >= 2) {
-          ScoreColumns<kBits, 2, false, 32, kBlocksPerGroup>(
-              plan, cols, 0, num_blocks, scale, min, &unit_queries[j], false, block_scores, 16);
+          ScoreColumns<kBits, 2, false, 32, kBlocksPerGroup, true>(
+              plan, cols, 0, num_blocks, nullptr, nullptr, &unit_queries[j], false, block_scores,
+              16);
         } else {
-          ScoreColumns<kBits, 1, false, 32, kBlocksPerGroup>(
-              plan, cols, 0, num_blocks, scale, min, &unit_queries[j], false, block_scores, 16);
+          ScoreColumns<kBits, 1, false, 32, kBlocksPerGroup, true>(
+              plan, cols, 0, num_blocks, nullptr, nullptr, &unit_queries[j], false, block_scores,
+              16);
         }
         const int done = step == 3 ? 2 : step;
         for (int jj = 0; jj < done; ++jj) {
