@@ -282,7 +282,7 @@ void PrintDecodeTable() {
       "\nDecode, 8 kv heads x head_dim 128, 32 query heads, %d threads "
       "(bandwidth %.1f GB/s):\n",
       kThreadsB, Bandwidth()[kThreadsB] / 1e9);
-  std::printf("%8s %-9s %10s %8s %9s %8s %10s %9s\n", "tokens", "codec", "us/step", "GB/s",
+  std::printf("%8s %-13s %10s %8s %9s %8s %10s %9s\n", "tokens", "codec", "us/step", "GB/s",
               "fraction", "vs bf16", "limit GB/s", "of limit");
   std::map<int, double> bf16;
   for (const auto& [key, seconds] : DecodeTimes()) {
@@ -295,7 +295,7 @@ void PrintDecodeTable() {
       const double seconds = it->second;
       const double rate = StepReads()[{codec, tokens}].bytes / seconds;
       const double limit = DecodeReadLimits()[{codec, tokens}];
-      std::printf("%8d %-9s %10.1f %8.2f %9.2f %8.2f %10.2f %9.2f\n", tokens, codec, seconds * 1e6,
+      std::printf("%8d %-13s %10.1f %8.2f %9.2f %8.2f %10.2f %9.2f\n", tokens, codec, seconds * 1e6,
                   rate / 1e9, rate / Bandwidth()[kThreadsB],
                   bf16.count(tokens) ? bf16[tokens] / seconds : 0.0, limit / 1e9,
                   limit > 0.0 ? rate / limit : 0.0);
@@ -309,8 +309,8 @@ void PrintOneThreadTable() {
   if (OneThreadTimes().empty()) return;
   std::printf("\nDecode, shape B, one thread, CPU time (read bandwidth 1 thread %.1f GB/s):\n",
               Bandwidth()[1] / 1e9);
-  std::printf("%8s %-9s %14s %8s %9s %8s\n", "tokens", "codec", "ns/token/head", "GB/s", "fraction",
-              "vs bf16");
+  std::printf("%8s %-13s %14s %8s %9s %8s\n", "tokens", "codec", "ns/token/head", "GB/s",
+              "fraction", "vs bf16");
   for (int tokens : {1024, 32768}) {
     const auto bf16 = OneThreadTimes().find({"bf16", tokens});
     for (const char* codec : kCodecsB) {
@@ -318,7 +318,7 @@ void PrintOneThreadTable() {
       if (it == OneThreadTimes().end()) continue;
       const StepRead& read = StepReads()[{codec, tokens}];
       const double rate = read.bytes / it->second;
-      std::printf("%8d %-9s %14.1f %8.2f %9.2f %8.2f\n", tokens, codec,
+      std::printf("%8d %-13s %14.1f %8.2f %9.2f %8.2f\n", tokens, codec,
                   1e9 * it->second / (8.0 * read.num_tokens), rate / 1e9, rate / Bandwidth()[1],
                   bf16 != OneThreadTimes().end() ? bf16->second / it->second : 0.0);
     }
