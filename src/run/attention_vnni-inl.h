@@ -127,15 +127,6 @@ struct ValueWeights {
   float* w_scale;
   float* min_sum;
 };
-
-// Each query head's largest softmax weight in a tile and the weights' sum, max and sum
-// [group] each, over p[0, num_keys rounded up to the readers' multiple) (0 past num_keys). The
-// decode's softmax takes them as it writes p, so that the integer value readers, which scale
-// their weights by the largest, need no pass of their own over p.
-struct TileWeightStats {
-  const float* max;
-  const float* sum;
-};
 inline ValueWeights ValueWeightsScratch(int group, int num_groups, size_t num_pairs) {
   thread_local std::vector<int32_t> weights;
   thread_local std::vector<float> w_scale, min_sum;
@@ -144,6 +135,15 @@ inline ValueWeights ValueWeightsScratch(int group, int num_groups, size_t num_pa
   min_sum.resize(static_cast<size_t>(group) * num_groups);
   return {weights.data(), w_scale.data(), min_sum.data()};
 }
+
+// A tile's softmax weights summed up per query head j: max[j] the largest of p_j and sum[j] their
+// sum ([group] each), over p[0, num_keys rounded up to the readers' multiple) (0 past num_keys).
+// The decode's softmax takes them as it writes p, so that the integer value readers, which scale
+// their weights by the largest, need no pass of their own over p.
+struct TileWeightStats {
+  const float* max;
+  const float* sum;
+};
 
 // The `group` query heads for KIVI keys, prepared once per task (KiviPrepareQueries) and folded
 // with each unit's scales by VnniPrepareKiviUnit.
