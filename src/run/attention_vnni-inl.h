@@ -988,9 +988,13 @@ void VnniScoreTile(const VnniPlan& plan, const RowSet& keys, const RowSet& value
                                                     s_stride)
                  : VnniScoreTileBits<8, 64>(plan, keys, values, num_keys, q, group, s, s_stride);
     case 4:
-      if (plan.tiled) {  // (int4-t16 at head_dim 128 at compile time, else the general tiles)
+      if (plan.tiled) {  // (int4-t16 and int4-g128-t16 at head_dim 128 at compile time)
         if (block32 && plan.head_dim == 128 && plan.num_groups == 4) {
           return VnniScoreTileBits<4, 32, 128, 4, true>(plan, keys, values, num_keys, q, group, s,
+                                                        s_stride);
+        }
+        if (block32 && plan.head_dim == 128 && plan.num_groups == 1) {
+          return VnniScoreTileBits<4, 32, 128, 1, true>(plan, keys, values, num_keys, q, group, s,
                                                         s_stride);
         }
         return block32 ? VnniScoreTileBits<4, 32, 0, 0, true>(plan, keys, values, num_keys, q,

@@ -276,7 +276,8 @@ TEST(AttentionTest, IntegerCodecsAtEveryGroupAndWidth) {
   // heads per kv head in steps of 4, 2 and 1 (3, 5, 8), head_dim with 2 or 4 blocks of 16 per
   // pass and rows of one or two 64-byte halves (32 .. 256), groups of 16, 32, 64 and the whole
   // row, groups spanning two tokens at head_dim 128, KIVI keys (1 to 64 blocks of 32 query
-  // elements per unit), -t16 tiles, several tiles, sinks and pending tokens.
+  // elements per unit), -t16 tiles (in groups of 16 and 32 and the whole row at head_dim 128),
+  // several tiles, sinks and pending tokens.
   // Four times: with the tile multiplies and the integer dot-product readers (where the CPU has
   // them), with the integer readers alone, with the float readers, and on the AVX2 target with
   // its integer readers (attention_madd-inl.h), where the CPU has AVX2 (on CPUs with AVX-512 the
@@ -296,10 +297,10 @@ TEST(AttentionTest, IntegerCodecsAtEveryGroupAndWidth) {
     for (int head_dim : {32, 96, 128, 256}) {
       for (const char* name :
            {"int8", "int4", "int2", "int4-g16", "int4-g64", "int4-g256", "q4_absmax", "kivi2",
-            "kivi4", "int4-t16", "int2-t16", "int4-g16-t16"}) {
+            "kivi4", "int4-t16", "int2-t16", "int4-g16-t16", "int4-g128-t16"}) {
         std::string codec = name;
         if (codec == "int4-g16" && head_dim == 96) codec = "int4-g32";
-        if (codec == "int4-g256" && head_dim != 128) continue;
+        if ((codec == "int4-g256" || codec == "int4-g128-t16") && head_dim != 128) continue;
         if (!CreateCodec(codec, head_dim, CodecRole::kKey).ok()) continue;
         for (int group : {1, 3, 4, 5, 8}) {
           // The VNNI readers' 4- and 2-bit values in u8 weights, then in int16 (the others take
