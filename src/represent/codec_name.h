@@ -21,7 +21,9 @@
 // with plain vector loads (src/run/attention_vnni-inl.h):
 //   [num_groups x 16 tokens x (f16 scale, f16 min)]       header pairs, group-major
 //   keys:   [row code words x 16 tokens x 4 code bytes]   word w of every token, then w + 1
-//   values: [16 tokens x row code bytes]                  rows as they are (read per token)
+//   values: [4 quads x row code bytes x 4 tokens]         byte b of the quad's 4 tokens, then b + 1
+// A value quad is 4 consecutive tokens (0-3, 4-7, ...): each 32-bit word holds one code byte of
+// all four, which is what a dot product over four tokens per 32-bit lane (vpdpbusd) multiplies.
 // The row's code bytes must be whole 32-bit words (head_dim * b a multiple of 32). Same bits
 // per element and the same rounding as the untiled codec: only the byte order differs.
 #pragma once
@@ -82,24 +84,37 @@ struct CodecFormat {
 // Tokens per tile of the -t16 layout.
 inline constexpr int kTileTokens = 16;
 
+// Tokens per value quad of the -t16 layout.
+inline constexpr int kQuadTokens = 4;
+
 // Where token t's bytes lie in a -t16 tile (the layout above), as offsets from the tile: header
-// pair g, key code word w, and a value's code row. The codec (encode, decode) and the decode
-// readers (src/run) both take the layout from here.
+// pair g, key code word w, a value quad and a value code byte b. The codec (encode, decode) and
+// the decode readers (src/run) both take the layout from here.
 struct TileGeometry {
   size_t num_groups = 0;
   size_t code_offset = 0;  // bytes of the header pairs: kTileTokens * 4 * num_groups
   size_t row_code_bytes = 0;
   size_t HeaderPair(size_t g, size_t t) const { return 4 * (kTileTokens * g + t); }
   size_t KeyWord(size_t w, size_t t) const { return code_offset + 4 * (kTileTokens * w + t); }
-  size_t ValueRow(size_t t) const { return code_offset + t * row_code_bytes; }
+  // The quad of token t (its first byte): the bytes token t's untiled row would take if token t
+  // were the quad's first, so that rows of a quad stay where untiled rows would lie.
+  size_t ValueQuad(size_t t) const {
+    return code_offset + t / kQuadTokens * kQuadTokens * row_code_bytes;
+  }
+  size_t ValueByte(size_t b, size_t t) const {
+    return ValueQuad(t) + kQuadTokens * b + t % kQuadTokens;
+  }
   // fn(offset in the untiled row, offset in the tile, bytes) for each piece of token t's row
-  // ([num_groups x (scale, min)][codes]), keys word by word, values as one run.
+  // ([num_groups x (scale, min)][codes]): keys word by word, values byte by byte.
   template <typename Fn>
   void ForEachRowPiece(bool keys, size_t t, Fn&& fn) const {
     for (size_t g = 0; g < num_groups; ++g) fn(4 * g, HeaderPair(g, t), size_t{4});
     const size_t codes = 4 * num_groups;
-    if (!keys) return fn(codes, ValueRow(t), row_code_bytes);
-    for (size_t w = 0; w < row_code_bytes / 4; ++w) fn(codes + 4 * w, KeyWord(w, t), size_t{4});
+    if (keys) {
+      for (size_t w = 0; w < row_code_bytes / 4; ++w) fn(codes + 4 * w, KeyWord(w, t), size_t{4});
+      return;
+    }
+    for (size_t b = 0; b < row_code_bytes; ++b) fn(codes + b, ValueByte(b, t), size_t{1});
   }
 };
 

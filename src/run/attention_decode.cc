@@ -357,11 +357,11 @@ void DecodeImpl(const KvLayerView& view, const float* q, const AttentionParams& 
   const size_t lanes = hn::Lanes(D());
   SideSpec k_arena = ArenaSide(view, view.k, true, lanes);
   SideSpec v_arena = ArenaSide(view, view.v, false, lanes);
-  // -t16 tiles are read whole by the VNNI readers and the AVX2 ones; the others read their rows
-  // copied out.
+  // -t16 tiles are read whole by the VNNI readers and the AVX2 ones (values: the VNNI span
+  // readers, by quads); the others read their rows copied out.
   const auto reads_tiles = [&](const SideSpec& side, bool keys) {
-    return PlanVnni(side, head_dim, lanes).ok ||
-           (keys ? PlanMaddKeys(side, head_dim, lanes) : PlanMaddValues(side, head_dim, lanes)).ok;
+    if (!keys) return PlanVnni(side, head_dim, lanes).value_spans > 0;
+    return PlanVnni(side, head_dim, lanes).ok || PlanMaddKeys(side, head_dim, lanes).ok;
   };
   if (k_arena.tiled && !reads_tiles(k_arena, true)) k_arena = UntiledSide(k_arena);
   if (v_arena.tiled && !reads_tiles(v_arena, false)) v_arena = UntiledSide(v_arena);

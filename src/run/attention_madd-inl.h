@@ -613,6 +613,7 @@ constexpr int MaddValueElement(int slot, int bits) {
 VnniPlan PlanMaddValues(const SideSpec& side, size_t head_dim, size_t lanes) {
   VnniPlan plan = PlanMaddKeys(side, head_dim, lanes);
   if (plan.kivi || plan.group_elems % 32 != 0) plan.ok = false;  // a slice within one group
+  if (side.tiled) plan.ok = false;  // -t16 values' quads: the VNNI readers' (rows copied out here)
   return plan;
 }
 
@@ -631,15 +632,9 @@ void MaddQuantiseWeights(const VnniPlan& plan, const RowSet& values, size_t num_
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   __m256 scale_max[16];
   for (int g = 0; g < num_groups; ++g) scale_max[g] = _mm256_setzero_ps();
-  TileHalf at;  // -t16 tiles: where the last 8 keys lie
   for (size_t key0 = 0; key0 < num_keys8; key0 += kMaddKeys) {
     __m256 scale[16], min[16];
-    if (plan.tiled) {
-      at = TileOf8(plan, values, key0, false, at);
-      LoadTileScales8(plan, at, scale, min);
-    } else {
-      LoadGroupScales8(plan, values, key0, scale, min);
-    }
+    LoadGroupScales8(plan, values, key0, scale, min);
     for (int g = 0; g < num_groups; ++g) {
       _mm256_storeu_ps(hs + g * num_keys8 + key0, scale[g]);
       _mm256_storeu_ps(hm + g * num_keys8 + key0, min[g]);

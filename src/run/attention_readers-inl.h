@@ -127,9 +127,10 @@ struct SideSpec {
   int num_header_floats = 0;
   bool absmax_header = false;  // q4_absmax: one f16 d per group, meaning (d, -8 d)
   // -t16 tiles (codec_name.h): units of 16 tokens whose header pairs (and key codes) are stored
-  // by column. FillRows fills them as spanned units (hdrs: the unit; rows: unit + code_offset +
-  // t * row_code_bytes, which for values is the token's code row and for keys only says t);
-  // only the VNNI and AVX2 integer readers read them so (the others take UntiledSide).
+  // by column, value codes by quads of 4 tokens. FillRows fills them as spanned units (hdrs: the
+  // unit; rows: unit + code_offset + t * row_code_bytes, which for values is where token t's quad
+  // starts when t is its first and for keys only says t); only the VNNI integer readers (and for
+  // keys the AVX2 ones) read them so (the others take UntiledSide).
   bool tiled = false;
   TileGeometry tile() const {
     return {static_cast<size_t>(num_header_floats / 2), code_offset, row_code_bytes};
@@ -149,9 +150,20 @@ inline SideSpec UntiledSide(const SideSpec& tiled) {
 // min)][codes].
 inline void UntileRow(const TileGeometry& tile, bool keys, const std::byte* unit, int t,
                       std::byte* row) {
-  tile.ForEachRowPiece(keys, static_cast<size_t>(t), [&](size_t in_row, size_t in_tile, size_t n) {
-    std::memcpy(row + in_row, unit + in_tile, n);
-  });
+  if (keys) {
+    tile.ForEachRowPiece(keys, static_cast<size_t>(t),
+                         [&](size_t in_row, size_t in_tile, size_t n) {
+                           std::memcpy(row + in_row, unit + in_tile, n);
+                         });
+    return;
+  }
+  // Values: the header pairs, then every 4th byte of the quad (one loop, not a call per byte).
+  for (size_t g = 0; g < tile.num_groups; ++g) {
+    std::memcpy(row + 4 * g, unit + tile.HeaderPair(g, static_cast<size_t>(t)), 4);
+  }
+  std::byte* codes = row + 4 * tile.num_groups;
+  const std::byte* from = unit + tile.ValueByte(0, static_cast<size_t>(t));
+  for (size_t b = 0; b < tile.row_code_bytes; ++b) codes[b] = from[kQuadTokens * b];
 }
 
 // Fills rows[0, t1 - t0) for one side, padded to a multiple of 4 with the last row.

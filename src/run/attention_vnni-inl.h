@@ -205,6 +205,20 @@ inline VnniPlan IntegerPlanShape(const SideSpec& side, size_t head_dim) {
 // Dwords of a gathered tile (TileOf): up to 16 header pairs and 32 code words per token.
 constexpr size_t kTileDwords = 16 * (16 + kVnniMaxHeadDim / 8);
 
+// Which token of its -t16 unit (set.hdrs[key]) key `key` of `set` is (FillRows' rows).
+HWY_INLINE size_t TokenInTile(const TileGeometry& tile, const RowSet& set, size_t key) {
+  return static_cast<size_t>(set.rows[key] - set.hdrs[key] - tile.code_offset) /
+         tile.row_code_bytes;
+}
+
+// Whether keys [key0, key0 + 16) of `set` are the 16 tokens of one -t16 unit in order.
+HWY_INLINE bool IsWholeTile(const TileGeometry& tile, const RowSet& set, size_t key0) {
+  const std::byte* unit = set.hdrs[key0];
+  const size_t last = key0 + kTileTokens - 1;
+  return set.hdrs[last] == unit && set.rows[key0] == unit + tile.code_offset &&
+         set.rows[last] == set.rows[key0] + (kTileTokens - 1) * tile.row_code_bytes;
+}
+
 // The -t16 tile that holds keys [key0, key0 + 16) of `set` in lane order (lane k = key0 + k):
 // the unit itself where those keys are its 16 tokens in order (the common case: decode's parts
 // and tiles start on unit boundaries), else a copy of their header pairs (and with `codes`, their
@@ -213,17 +227,12 @@ constexpr size_t kTileDwords = 16 * (16 + kVnniMaxHeadDim / 8);
 HWY_INLINE const std::byte* TileOf(const VnniPlan& plan, const RowSet& set, size_t key0,
                                    bool codes) {
   const TileGeometry& tile = plan.tile;
-  const std::byte* unit = set.hdrs[key0];
-  if (set.hdrs[key0 + 15] == unit && set.rows[key0] == unit + tile.code_offset &&
-      set.rows[key0 + 15] == set.rows[key0] + 15 * tile.row_code_bytes) {
-    return unit;
-  }
+  if (IsWholeTile(tile, set, key0)) return set.hdrs[key0];
   alignas(64) thread_local std::byte gathered[4 * kTileDwords];
   const size_t code_words = codes ? tile.row_code_bytes / 4 : 0;
   for (size_t k = 0; k < 16; ++k) {  // lane k from token t of its unit
     const std::byte* from = set.hdrs[key0 + k];
-    const size_t t =
-        static_cast<size_t>(set.rows[key0 + k] - from - tile.code_offset) / tile.row_code_bytes;
+    const size_t t = TokenInTile(tile, set, key0 + k);
     for (size_t g = 0; g < tile.num_groups; ++g) {
       std::memcpy(gathered + tile.HeaderPair(g, k), from + tile.HeaderPair(g, t), 4);
     }
@@ -1134,6 +1143,50 @@ KVS_VNNI_ATTR HWY_INLINE __m512i LoadSpans(const std::byte* at) {
   }
 }
 
+// -t16 values (codec_name.h): span `span` (16 code bytes) of a quad's four tokens, dword i holding
+// byte SpanByte(i) of the four in token order, which is what AccumulateQuadSpans' permutes make
+// of four untiled rows: one plain load (and with two groups in a span, one vpermd).
+template <int kGroups>
+KVS_VNNI_ATTR HWY_INLINE __m512i QuadSpan(const std::byte* quad, int span) {
+  const __m512i bytes = _mm512_loadu_si512(quad + 4 * 16 * span);
+  if constexpr (kGroups == 1) return bytes;
+  const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+  return _mm512_permutexvar_epi32(order, bytes);  // dword i from dword SpanByte(i, 2)
+}
+
+// -t16 values: the quads of keys [4 u, 4 u + 4) of `values`, quads[u] for u < num_keys16 / 4: in
+// place where 16 keys are one whole unit in order (TileOf's test; decode's parts and tiles
+// start on unit boundaries), else gathered into per-thread scratch in the quad layout, the keys
+// that pad the tile repeating the last key as their rows do (valid until the next call).
+KVS_VNNI_ATTR const std::byte* const* ValueQuadsOf(const VnniPlan& plan, const RowSet& values,
+                                                   size_t num_keys16) {
+  const TileGeometry& tile = plan.tile;
+  const size_t row_bytes = tile.row_code_bytes, quad_bytes = kQuadTokens * row_bytes;
+  thread_local const std::byte* quads[kDecodeTile / kQuadTokens];
+  std::byte* gathered = nullptr;
+  constexpr size_t kQuads = kTileTokens / kQuadTokens;  // per unit
+  for (size_t key0 = 0; key0 < num_keys16; key0 += kTileTokens) {
+    if (IsWholeTile(tile, values, key0)) {
+      for (size_t a = 0; a < kQuads; ++a) quads[key0 / 4 + a] = values.rows[key0] + a * quad_bytes;
+      continue;
+    }
+    if (gathered == nullptr) {
+      gathered = reinterpret_cast<std::byte*>(
+          Scratch(kSlotValues, (kDecodeTile * row_bytes + sizeof(float) - 1) / sizeof(float)));
+    }
+    std::byte* dst = gathered + key0 * row_bytes;  // 16 keys' quads, laid out as a unit's
+    for (size_t k = 0; k < kTileTokens; ++k) {
+      const std::byte* from = values.hdrs[key0 + k];
+      const size_t t = TokenInTile(tile, values, key0 + k);
+      for (size_t b = 0; b < row_bytes; ++b) {
+        dst[tile.ValueByte(b, k) - tile.code_offset] = from[tile.ValueByte(b, t)];
+      }
+    }
+    for (size_t a = 0; a < kQuads; ++a) quads[key0 / 4 + a] = dst + a * quad_bytes;
+  }
+  return quads;
+}
+
 // The weights of step u (a pair of keys, or with u8 weights four) of a span's row, in every
 // dword: one (kGroups 1) or the span's two groups' in alternate dwords (kGroups 2).
 template <int kGroups>
@@ -1168,6 +1221,23 @@ KVS_VNNI_ATTR HWY_INLINE void WeighSpans(const int32_t* const* w, size_t u, cons
   }
 }
 
+// WeighSpans for one key pair whose spans' bytes (int16 pairs per dword) are bytes[s]: part r <
+// kParts - 1 the bytes' low (r + 1) kBits bits (mask[r]), the last the whole byte.
+template <int kNumQ, int kSpans, int kParts, int kGroups>
+KVS_VNNI_ATTR HWY_INLINE void WeighSpanPairs(const int32_t* const* w, size_t u,
+                                             const __m512i* bytes, const __m512i* mask,
+                                             __m512i* acc) {
+  __m512i codes[kSpans * kParts];
+#pragma GCC unroll 2
+  for (int s = 0; s < kSpans; ++s) {
+#pragma GCC unroll 4
+    for (int r = 0; r < kParts; ++r) {
+      codes[s * kParts + r] = r + 1 < kParts ? _mm512_and_si512(bytes[s], mask[r]) : bytes[s];
+    }
+  }
+  WeighSpans<kNumQ, kSpans, kParts, kGroups, false>(w, u, codes, acc);
+}
+
 // The i32 sums of one tile for kNumQ heads over the kSpans 16-byte spans [s0, s0 + kSpans) of
 // 4- or 2-bit codes (VnniPlan::value_spans): out[(j * kSpans + s) * kParts + r] for head j,
 // span s0 + s and part r, lane i holding element SpanElement. Per key pair and span, one
@@ -1176,10 +1246,13 @@ KVS_VNNI_ATTR HWY_INLINE void WeighSpans(const int32_t* const* w, size_t u, cons
 // (AccumulatePairs) spend a permute per 16 elements, this spends one per 32 (4-bit) or 64 (2-bit).
 //   weights[j * kSpans + s]: head j's packed int16 pairs for span s0 + s, one dword per key
 //   pair (kGroups 1), or two (kGroups 2: the span's two groups, alternating lanes)
-template <int kBits, int kNumQ, int kSpans, int kGroups>
+//   value_quads: -t16 values' quads (ValueQuadsOf; kQuadLayout), where one vpshufb per pair and
+//   span puts two of a quad's four bytes into the words of each dword instead of the vpermt2b
+template <int kBits, int kNumQ, int kSpans, int kGroups, bool kQuadLayout>
 KVS_VNNI_ATTR HWY_INLINE void AccumulateSpans(const VnniPlan& plan, const RowSet& values,
                                               size_t num_pairs, const int32_t* const* weights,
-                                              int s0, __m512i* out) {
+                                              const std::byte* const* value_quads, int s0,
+                                              __m512i* out) {
   constexpr int kParts = 8 / kBits;
   const size_t offset = plan.code_offset + 16 * static_cast<size_t>(s0);
   // Part r < kParts - 1 multiplies the byte's low (r + 1) kBits bits, the last the whole byte:
@@ -1198,21 +1271,40 @@ KVS_VNNI_ATTR HWY_INLINE void AccumulateSpans(const VnniPlan& plan, const RowSet
   for (int i = 0; i < kNumQ * kSpans; ++i) w[i] = weights[i];
 #pragma GCC unroll 16
   for (int i = 0; i < kNumQ * kSpans * kParts; ++i) acc[i] = _mm512_setzero_si512();
-  for (size_t u = 0; u < num_pairs; ++u) {
-    RequestStep(values);
-    // The spans of both keys (only their first 16 kSpans bytes are read).
-    const __m512i x0 = LoadSpans<kSpans>(values.rows[2 * u] + offset);
-    const __m512i x1 = LoadSpans<kSpans>(values.rows[2 * u + 1] + offset);
-    __m512i codes[kSpans * kParts];
+  if constexpr (kQuadLayout) {
+    // Pair h of a quad (its tokens 2 h and 2 h + 1): bytes 2 h and 2 h + 1 of each dword into
+    // its words' low bytes (vpshufb indexes within 128-bit lanes; 0x80 clears a byte).
+    const __m512i lane_dwords =
+        _mm512_setr_epi32(0, 0x40004, 0x80008, 0xC000C, 0, 0x40004, 0x80008, 0xC000C, 0, 0x40004,
+                          0x80008, 0xC000C, 0, 0x40004, 0x80008, 0xC000C);
+    const __m512i pick[2] = {_mm512_add_epi32(_mm512_set1_epi32(0x80018000), lane_dwords),
+                             _mm512_add_epi32(_mm512_set1_epi32(0x80038002), lane_dwords)};
+    for (size_t q = 0; q < num_pairs / 2; ++q) {
+      __m512i x[kSpans];
 #pragma GCC unroll 2
-    for (int s = 0; s < kSpans; ++s) {
-      const __m512i bytes = _mm512_maskz_permutex2var_epi8(0x5555555555555555ull, x0, index[s], x1);
-#pragma GCC unroll 4
-      for (int r = 0; r < kParts; ++r) {
-        codes[s * kParts + r] = r + 1 < kParts ? _mm512_and_si512(bytes, mask[r]) : bytes;
+      for (int s = 0; s < kSpans; ++s) x[s] = QuadSpan<kGroups>(value_quads[q], s0 + s);
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        RequestStep(values);
+        __m512i bytes[kSpans];
+#pragma GCC unroll 2
+        for (int s = 0; s < kSpans; ++s) bytes[s] = _mm512_shuffle_epi8(x[s], pick[h]);
+        WeighSpanPairs<kNumQ, kSpans, kParts, kGroups>(w, 2 * q + h, bytes, mask, acc);
       }
     }
-    WeighSpans<kNumQ, kSpans, kParts, kGroups, false>(w, u, codes, acc);
+  } else {
+    for (size_t u = 0; u < num_pairs; ++u) {
+      RequestStep(values);
+      // The spans of both keys (only their first 16 kSpans bytes are read).
+      const __m512i x0 = LoadSpans<kSpans>(values.rows[2 * u] + offset);
+      const __m512i x1 = LoadSpans<kSpans>(values.rows[2 * u + 1] + offset);
+      __m512i bytes[kSpans];
+#pragma GCC unroll 2
+      for (int s = 0; s < kSpans; ++s) {
+        bytes[s] = _mm512_maskz_permutex2var_epi8(0x5555555555555555ull, x0, index[s], x1);
+      }
+      WeighSpanPairs<kNumQ, kSpans, kParts, kGroups>(w, u, bytes, mask, acc);
+    }
   }
   // Part r's own sum from the cumulative ones: (C_r - C_{r-1}) / 2^(r kBits), exact (C_r -
   // C_{r-1} is that multiple of part r's sum). No sum overflows: |weight| <= 32767, a byte <= 255,
@@ -1237,10 +1329,12 @@ KVS_VNNI_ATTR HWY_INLINE void AccumulateSpans(const VnniPlan& plan, const RowSet
 // pairs, for the same permutes per byte. Same out[] as AccumulateSpans (each part's own sum).
 //   weights[j * kSpans + s]: head j's u8 weights for span s0 + s, four keys per dword (kGroups
 //   1), or two dwords per four keys (kGroups 2: the span's two groups, alternating lanes)
-template <int kBits, int kNumQ, int kSpans, int kGroups>
+//   value_quads: -t16 values' quads (ValueQuadsOf; kQuadLayout), each span one load: no permutes
+template <int kBits, int kNumQ, int kSpans, int kGroups, bool kQuadLayout>
 KVS_VNNI_ATTR HWY_INLINE void AccumulateQuadSpans(const VnniPlan& plan, const RowSet& values,
                                                   size_t num_quads, const int32_t* const* weights,
-                                                  int s0, __m512i* out) {
+                                                  const std::byte* const* value_quads, int s0,
+                                                  __m512i* out) {
   constexpr int kParts = 8 / kBits;
   const size_t offset = plan.code_offset + 16 * static_cast<size_t>(s0);
   const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << kBits) - 1));
@@ -1261,16 +1355,18 @@ KVS_VNNI_ATTR HWY_INLINE void AccumulateQuadSpans(const VnniPlan& plan, const Ro
   const std::byte* const* rows = values.rows;
   for (size_t u = 0; u < num_quads; ++u) {
     RequestStep(values);
-    const __m512i pair01 =
-        _mm512_permutex2var_epi8(LoadSpans<kSpans>(rows[4 * u] + offset), pair_index,
-                                 LoadSpans<kSpans>(rows[4 * u + 1] + offset));
-    const __m512i pair23 =
-        _mm512_permutex2var_epi8(LoadSpans<kSpans>(rows[4 * u + 2] + offset), pair_index,
-                                 LoadSpans<kSpans>(rows[4 * u + 3] + offset));
+    __m512i pair01, pair23;
+    if constexpr (!kQuadLayout) {
+      pair01 = _mm512_permutex2var_epi8(LoadSpans<kSpans>(rows[4 * u] + offset), pair_index,
+                                        LoadSpans<kSpans>(rows[4 * u + 1] + offset));
+      pair23 = _mm512_permutex2var_epi8(LoadSpans<kSpans>(rows[4 * u + 2] + offset), pair_index,
+                                        LoadSpans<kSpans>(rows[4 * u + 3] + offset));
+    }
     __m512i codes[kSpans * kParts];
 #pragma GCC unroll 2
     for (int s = 0; s < kSpans; ++s) {
-      const __m512i bytes = _mm512_permutex2var_epi8(pair01, quad_index[s], pair23);
+      const __m512i bytes = kQuadLayout ? QuadSpan<kGroups>(value_quads[u], s0 + s)
+                                        : _mm512_permutex2var_epi8(pair01, quad_index[s], pair23);
 #pragma GCC unroll 4
       for (int r = 0; r < kParts; ++r) {
         codes[s * kParts + r] =
@@ -1287,19 +1383,33 @@ KVS_VNNI_ATTR HWY_INLINE void AccumulateQuadSpans(const VnniPlan& plan, const Ro
 
 // The sums of AccumulateSpans or, for u8 weights (quads), AccumulateQuadSpans, for the plan's
 // groups per span.
+// value_quads: -t16 values' quads (ValueQuadsOf), or null for rows.
+template <int kBits, int kNumQ, int kSpans, int kGroups, bool kQuadLayout>
+KVS_VNNI_ATTR HWY_INLINE void SpanSumsOf(const VnniPlan& plan, const RowSet& values,
+                                         size_t num_pairs, bool quads, const int32_t* const* w,
+                                         const std::byte* const* value_quads, int s0,
+                                         __m512i* out) {
+  if (quads) {
+    return AccumulateQuadSpans<kBits, kNumQ, kSpans, kGroups, kQuadLayout>(
+        plan, values, num_pairs / 2, w, value_quads, s0, out);
+  }
+  AccumulateSpans<kBits, kNumQ, kSpans, kGroups, kQuadLayout>(plan, values, num_pairs, w,
+                                                              value_quads, s0, out);
+}
 template <int kBits, int kNumQ, int kSpans>
 KVS_VNNI_ATTR HWY_INLINE void SpanSums(const VnniPlan& plan, const RowSet& values, size_t num_pairs,
-                                       bool quads, const int32_t* const* w, int s0, __m512i* out) {
-  if (quads) {
-    if (plan.span_groups == 1) {
-      return AccumulateQuadSpans<kBits, kNumQ, kSpans, 1>(plan, values, num_pairs / 2, w, s0, out);
-    }
-    return AccumulateQuadSpans<kBits, kNumQ, kSpans, 2>(plan, values, num_pairs / 2, w, s0, out);
+                                       bool quads, const int32_t* const* w,
+                                       const std::byte* const* value_quads, int s0, __m512i* out) {
+  if (value_quads != nullptr) {
+    return plan.span_groups == 1 ? SpanSumsOf<kBits, kNumQ, kSpans, 1, true>(
+                                       plan, values, num_pairs, quads, w, value_quads, s0, out)
+                                 : SpanSumsOf<kBits, kNumQ, kSpans, 2, true>(
+                                       plan, values, num_pairs, quads, w, value_quads, s0, out);
   }
-  if (plan.span_groups == 1) {
-    return AccumulateSpans<kBits, kNumQ, kSpans, 1>(plan, values, num_pairs, w, s0, out);
-  }
-  AccumulateSpans<kBits, kNumQ, kSpans, 2>(plan, values, num_pairs, w, s0, out);
+  plan.span_groups == 1 ? SpanSumsOf<kBits, kNumQ, kSpans, 1, false>(plan, values, num_pairs, quads,
+                                                                     w, nullptr, s0, out)
+                        : SpanSumsOf<kBits, kNumQ, kSpans, 2, false>(plan, values, num_pairs, quads,
+                                                                     w, nullptr, s0, out);
 }
 
 template <int kBits, int kBlocks, bool kPaired>
@@ -1321,11 +1431,13 @@ KVS_VNNI_ATTR HWY_INLINE void AccumulateHeads(const VnniPlan& plan, const RowSet
 // SpanElement(s); DecodeChunk puts them back in element order once per task).
 //   weights: [group][num_groups][num_pairs] (pairs of groups interleaved, see QuantiseWeightSlice);
 //   w_scale, min_sum: [group][num_groups]
+//   value_quads: -t16 values' quads (ValueQuadsOf), or null for rows
 template <int kBits>
 KVS_VNNI_ATTR void AccumulateTileBySpans(const VnniPlan& plan, const RowSet& values,
                                          size_t num_pairs, bool quads, const int32_t* weights,
-                                         const float* w_scale, const float* min_sum, int group,
-                                         float* state, size_t state_stride) {
+                                         const std::byte* const* value_quads, const float* w_scale,
+                                         const float* min_sum, int group, float* state,
+                                         size_t state_stride) {
   constexpr int kParts = 8 / kBits;
   const int num_groups = plan.num_groups, num_spans = plan.value_spans;
   const int span_groups = plan.span_groups;
@@ -1346,7 +1458,7 @@ KVS_VNNI_ATTR void AccumulateTileBySpans(const VnniPlan& plan, const RowSet& val
       __m512i acc[16];  // [(jj * spans + s) * kParts + r]
       // (No generic dispatch: it would not carry this function's target attribute.)
 #define KVS_SPANS(kNumQ, kSpans) \
-  SpanSums<kBits, kNumQ, kSpans>(plan, values, num_pairs, quads, w, s0, acc)
+  SpanSums<kBits, kNumQ, kSpans>(plan, values, num_pairs, quads, w, value_quads, s0, acc)
       if (spans == 2) {
         if constexpr (kBits == 4) {
           num_q == 4 ? KVS_SPANS(4, 2) : num_q == 2 ? KVS_SPANS(2, 2) : KVS_SPANS(1, 2);
@@ -1886,9 +1998,13 @@ KVS_VNNI_ATTR void VnniAccumulateTileBits(const VnniPlan& plan, const RowSet& va
   const bool quads = QuantiseWeights(plan, values, num_keys16, p, p_stride, stats, group,
                                      tile.weights, tile.w_scale, tile.min_sum);
   const size_t group_stride = num_pairs;
+  // -t16 values are read in quads, by spans only (DecodeImpl copies the others' rows out).
+  KVS_DCHECK(!plan.tiled || plan.value_spans > 0);
   if constexpr (kBits < 8) {
     if (plan.value_spans > 0) {
-      return AccumulateTileBySpans<kBits>(plan, values, num_pairs, quads, tile.weights,
+      const std::byte* const* value_quads =
+          plan.tiled ? ValueQuadsOf(plan, values, num_keys16) : nullptr;
+      return AccumulateTileBySpans<kBits>(plan, values, num_pairs, quads, tile.weights, value_quads,
                                           tile.w_scale, tile.min_sum, group, state, state_stride);
     }
   }

@@ -455,7 +455,8 @@ TEST(CodecSizeTest, KiviValuesAreTheIntPerTokenFormat) {
 }
 
 // The -t16 layout (codec_name.h): 16 rows of the untiled codec, header pairs by group then
-// token, key code words by word then token, value code rows as they are; and the same floats.
+// token, key code words by word then token, value code bytes by byte then token within quads of
+// 4 tokens; and the same floats.
 TEST(CodecSizeTest, TilesAreTheUntiledRowsByColumn) {
   constexpr int kHd = 64, kTokens = 32;
   const std::vector<float> src = NormalData(kTokens, kHd, 19, true);
@@ -480,7 +481,11 @@ TEST(CodecSizeTest, TilesAreTheUntiledRowsByColumn) {
         }
         const std::byte* codes = tile + 16 * header_bytes;
         if (role == CodecRole::kValue) {
-          EXPECT_EQ(std::memcmp(row + header_bytes, codes + t * code_bytes, code_bytes), 0);
+          const std::byte* quad = codes + t / 4 * 4 * code_bytes;
+          for (size_t b = 0; b < code_bytes; ++b) {
+            EXPECT_EQ(row[header_bytes + b], quad[4 * b + t % 4])
+                << row_name << " token " << token << " byte " << b;
+          }
           continue;
         }
         for (size_t w = 0; w < code_bytes / 4; ++w) {
