@@ -96,8 +96,8 @@ struct TileGeometry {
   size_t row_code_bytes = 0;
   size_t HeaderPair(size_t g, size_t t) const { return 4 * (kTileTokens * g + t); }
   size_t KeyWord(size_t w, size_t t) const { return code_offset + 4 * (kTileTokens * w + t); }
-  // The quad of token t (its first byte): the bytes token t's untiled row would take if token t
-  // were the quad's first, so that rows of a quad stay where untiled rows would lie.
+  // Where token t's quad starts: quad q = t / 4 takes the bytes rows 4 q .. 4 q + 3 take in the
+  // untiled order, so that a quad's first row pointer (FillRows) points at the quad.
   size_t ValueQuad(size_t t) const {
     return code_offset + t / kQuadTokens * kQuadTokens * row_code_bytes;
   }
