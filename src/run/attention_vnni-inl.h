@@ -1150,8 +1150,12 @@ template <int kGroups>
 KVS_VNNI_ATTR HWY_INLINE __m512i QuadSpan(const std::byte* quad, int span) {
   const __m512i bytes = _mm512_loadu_si512(quad + 4 * 16 * span);
   if constexpr (kGroups == 1) return bytes;
-  const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
-  return _mm512_permutexvar_epi32(order, bytes);  // dword i from dword SpanByte(i, 2)
+  alignas(64) static constexpr auto kOrder = [] {  // dword i from dword SpanByte(i, 2)
+    std::array<int32_t, 16> order{};
+    for (int i = 0; i < 16; ++i) order[i] = SpanByte(i, 2);
+    return order;
+  }();
+  return _mm512_permutexvar_epi32(_mm512_load_si512(kOrder.data()), bytes);
 }
 
 // -t16 values: the quads of keys [4 u, 4 u + 4) of `values`, quads[u] for u < num_keys16 / 4: in
@@ -1167,7 +1171,8 @@ KVS_VNNI_ATTR const std::byte* const* ValueQuadsOf(const VnniPlan& plan, const R
   constexpr size_t kQuads = kTileTokens / kQuadTokens;  // per unit
   for (size_t key0 = 0; key0 < num_keys16; key0 += kTileTokens) {
     if (IsWholeTile(tile, values, key0)) {
-      for (size_t a = 0; a < kQuads; ++a) quads[key0 / 4 + a] = values.rows[key0] + a * quad_bytes;
+      for (size_t a = 0; a < kQuads; ++a)
+        quads[key0 / kQuadTokens + a] = values.rows[key0] + a * quad_bytes;
       continue;
     }
     if (gathered == nullptr) {
@@ -1182,7 +1187,7 @@ KVS_VNNI_ATTR const std::byte* const* ValueQuadsOf(const VnniPlan& plan, const R
         dst[tile.ValueByte(b, k) - tile.code_offset] = from[tile.ValueByte(b, t)];
       }
     }
-    for (size_t a = 0; a < kQuads; ++a) quads[key0 / 4 + a] = dst + a * quad_bytes;
+    for (size_t a = 0; a < kQuads; ++a) quads[key0 / kQuadTokens + a] = dst + a * quad_bytes;
   }
   return quads;
 }
